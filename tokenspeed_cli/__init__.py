@@ -1,0 +1,1 @@
+"""TokenSpeed command line."""
