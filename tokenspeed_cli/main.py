@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 import typer
 
 from tokenspeed_cli import recipes, serve
+from tokenspeed_cli.tune_kernels import tune_kernels
 
 app = typer.Typer(
     name="tokenspeed",
@@ -49,6 +50,7 @@ def root(
 
 
 app.add_typer(recipes.app, name="recipes")
+app.command("tune-kernels")(tune_kernels)
 # Hidden until the HTTP server lands: today it resolves, prints and saves configurations.
 app.command("serve", hidden=True)(serve.serve)
 

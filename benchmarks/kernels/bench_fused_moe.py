@@ -1,0 +1,53 @@
+"""Fused MoE experts, Qwen3-30B-A3B shapes (128 experts, top-8, hidden 2048, expert
+intermediate 768, bf16), 1 to 256 tokens.
+
+Memory-bound at few tokens: the bound is reading the weights of every expert that at
+least one token routes to (3 * I * H * 2 bytes each) plus the activations. Reported as the
+fraction of copy bandwidth, and as TFLOP/s (2 * 3 * T * k * H * I FLOPs).
+
+    python benchmarks/kernels/bench_fused_moe.py --out moe.json
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from common import run_benchmark, time_op
+
+from tokenspeed.kernels import fused_moe
+from tokenspeed.kernels.workloads import make_inputs
+
+MODEL = {"hidden": 2048, "intermediate": 768, "num_experts": 128, "top_k": 8}
+
+
+def cases(args):
+    counts = [1, 16, 256] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    for tokens in counts:
+        shape = {"tokens": tokens, **MODEL}
+
+        def run(bounds, shape=shape, tokens=tokens):
+            def make(i, shape=shape):
+                return make_inputs("moe.experts", shape, torch.bfloat16, "cuda", seed=i)
+
+            first = make(0)
+            experts_used = int(torch.unique(first.args[4]).numel())
+            h, i = MODEL["hidden"], MODEL["intermediate"]
+            weight_bytes = experts_used * 3 * i * h * 2
+            act_bytes = tokens * h * 2 * 2 + tokens * MODEL["top_k"] * (i + h) * 2 * 2
+            timing, sets = time_op(
+                lambda inp: fused_moe(*inp.args), make, lambda inp: inp.nbytes(), args.replays
+            )
+            seconds = timing.median_us * 1e-6
+            gbps = (weight_bytes + act_bytes) / seconds / 1e9
+            tflops = 2 * 3 * tokens * MODEL["top_k"] * h * i / seconds / 1e12
+            return {**shape, "median_us": timing.median_us, "timing": timing.method, "input_sets": sets,
+                    "experts_used": experts_used, "bytes": weight_bytes + act_bytes, "gbps": gbps,
+                    "fraction_of_copy_bw": gbps / bounds["copy_gbps"], "tflops": tflops,
+                    "fraction_of_matmul": tflops / bounds["bf16_tflops"]}  # fmt: skip
+
+        yield f"fused_moe tokens={tokens}", run
+
+
+if __name__ == "__main__":
+    sys.exit(run_benchmark("fused_moe", __doc__, cases))

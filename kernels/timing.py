@@ -1,0 +1,130 @@
+"""GPU timing for tuning and benchmarks: CUDA-graph replay over rotating inputs, medians.
+
+A kernel timed on one input set repeatedly reads it from L2 and looks faster than it is.
+``rotating`` builds enough input sets to exceed twice the L2 size; ``time_gpu`` replays a
+CUDA graph that calls the function once per set (no launch gaps between calls) and
+reports the median time per call over many replays, falling back to CUDA events around
+eager calls when the function cannot be captured (e.g. it synchronises with the host).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+__all__ = ["Timing", "device_roofline", "l2_bytes", "rotating", "time_gpu"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call time statistics in microseconds."""
+
+    median_us: float
+    p10_us: float
+    p90_us: float
+    samples: int
+    method: str  # "cuda-graph" or "cuda-events"
+
+
+def l2_bytes(device: torch.device | None = None) -> int:
+    """The GPU's L2 size (50 MiB assumed when torch does not report it)."""
+    props = torch.cuda.get_device_properties(device or torch.cuda.current_device())
+    return int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+
+
+def rotating(
+    make: Callable[[int], T], nbytes: Callable[[T], int], *, max_sets: int = 64
+) -> list[T]:
+    """Input sets ``make(0), make(1), ...`` until together they exceed twice the L2 size."""
+    sets = [make(0)]
+    per_set = max(1, nbytes(sets[0]))
+    want = min(max_sets, max(1, -(-2 * l2_bytes() // per_set)))
+    sets += [make(i) for i in range(1, want)]
+    return sets
+
+
+def _stats(samples: Sequence[float], method: str) -> Timing:
+    ordered = sorted(samples)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return Timing(statistics.median(ordered), pick(0.1), pick(0.9), len(ordered), method)
+
+
+def time_gpu(
+    fn: Callable[[Any], Any],
+    input_sets: Sequence[Any],
+    *,
+    replays: int = 30,
+    warmup: int = 2,
+    use_graph: bool = True,
+) -> Timing:
+    """Median time of one ``fn(inputs)`` call, cycling through ``input_sets``."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for inputs in input_sets:
+                fn(inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    calls = len(input_sets)
+    if use_graph:
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for inputs in input_sets:
+                    fn(inputs)
+            graph.replay()
+            torch.cuda.synchronize()
+            samples = []
+            for _ in range(replays):
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) * 1e3 / calls)
+            del graph
+            return _stats(samples, "cuda-graph")
+        except Exception:  # not capturable: host syncs or allocator limits; time eagerly
+            torch.cuda.synchronize()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for inputs in input_sets:
+            fn(inputs)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return _stats(samples, "cuda-events")
+
+
+def device_roofline(device: torch.device | None = None) -> dict[str, float]:
+    """Measured bounds of this GPU: device-copy bandwidth (read + write) and bf16 matmul rate."""
+    device = device or torch.device("cuda")
+    nbytes = 2 * 2**30
+    copy = _time_copy(nbytes, device)
+    n = 8192
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    mm = time_gpu(lambda _: torch.mm(a, b), [None], replays=20)
+    return {
+        "copy_gbps": 2 * nbytes / (copy.median_us * 1e-6) / 1e9,
+        "bf16_tflops": 2 * n**3 / (mm.median_us * 1e-6) / 1e12,
+    }
+
+
+def _time_copy(nbytes: int, device: torch.device) -> Timing:
+    """Time a device-to-device copy of ``nbytes`` (buffers freed on return)."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    return time_gpu(lambda _: dst.copy_(src), [None], replays=20)
