@@ -267,7 +267,12 @@ def _evaluate(
             config = dict(tuned.config)
         else:
             default = chosen.default_config()
-            config = dict(default(traits)) if default else {}
+            try:
+                config = dict(default(traits)) if default else {}
+            except KeyError:
+                # Asked without the shape traits the launch config depends on (e.g. "which
+                # kernel would this op use here?"): the choice stands, the config is per call.
+                config = {}
 
     candidates = []
     for spec in specs:
