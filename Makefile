@@ -27,7 +27,7 @@ STAMP_INSTALL := $(VENV)/.stamp-install
 serve: setup
 	$(VENV)/bin/tokenspeed serve $(SERVE_ARGS)
 
-test: setup test-cpp test-py
+test: setup test-cpp test-asan test-py
 
 setup: $(STAMP_INSTALL)
 
