@@ -9,7 +9,7 @@
 namespace tokenspeed {
 namespace {
 
-std::string quoted(std::string_view id) {
+std::string quote_id(std::string_view id) {
   std::string out;
   out.reserve(id.size() + 2);
   out.append(1, '\'').append(id).append(1, '\'');
@@ -39,10 +39,10 @@ void Scheduler::submit_requests(std::vector<RequestSpec> specs) {
   const int32_t max_len = *config_.max_model_len;
   std::unordered_set<std::string_view> batch_ids;
   for (const RequestSpec& s : specs) {
-    const std::string who = "request " + quoted(s.request_id);
+    const std::string who = "request " + quote_id(s.request_id);
     if (s.request_id.empty()) throw std::invalid_argument("request id must not be empty");
     if (requests_.contains(s.request_id) || !batch_ids.insert(s.request_id).second) {
-      throw std::invalid_argument("duplicate request id " + quoted(s.request_id));
+      throw std::invalid_argument("duplicate request id " + quote_id(s.request_id));
     }
     if (s.tokens.empty()) throw std::invalid_argument(who + ": the prompt is empty");
     if (std::any_of(s.tokens.begin(), s.tokens.end(), [](int32_t t) { return t < 0; })) {
@@ -153,7 +153,7 @@ void Scheduler::on_tokens(Request& r, std::span<const int32_t> tokens) {
   const bool after_prefill = std::holds_alternative<fsm::PrefillDone>(r.state);
   const size_t most = after_prefill ? 1 : static_cast<size_t>(decode_tokens_);
   if (tokens.size() > most) {
-    throw std::invalid_argument("request " + quoted(r.id) + ": " + std::to_string(tokens.size()) +
+    throw std::invalid_argument("request " + quote_id(r.id) + ": " + std::to_string(tokens.size()) +
                                 " tokens reported, at most " + std::to_string(most) +
                                 " expected from this step");
   }
@@ -254,7 +254,7 @@ Request* Scheduler::find(std::string_view id) const {
 Request* Scheduler::find_or_throw(std::string_view id) const {
   Request* r = find(id);
   if (r == nullptr) {
-    throw UnknownRequest("unknown request id " + quoted(id) +
+    throw UnknownRequest("unknown request id " + quote_id(id) +
                          " (never submitted, or finished before the previous plan)");
   }
   return r;
