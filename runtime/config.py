@@ -263,6 +263,15 @@ class ServerArgs:
     sampling_backend: str = option(
         "auto", "kernels", "Sampling implementation.", choices=("auto", "torch")
     )
+    disable_cuda_graph: bool = option(
+        False, "kernels", "Run decode steps eagerly instead of replaying captured CUDA graphs."
+    )
+    cuda_graph_max_bs: int = option(
+        256,
+        "kernels",
+        "Largest decode batch captured as a CUDA graph; larger ones run eagerly.",
+        minimum=1,
+    )
     kernel_config: str | None = option(
         None, "kernels", "TOML file of kernel overrides and tuned configurations.", metavar="PATH"
     )
@@ -363,10 +372,6 @@ _NOT_IN_THIS_BUILD: dict[str, tuple[Callable[[ServerArgs], bool], str]] = {
     "tool_call_parser": (
         lambda a: a.tool_call_parser is not None,
         "tool-call parsers are not built yet",
-    ),
-    "kv_events_config": (
-        lambda a: bool(a.kv_events_config),
-        "KV-event publishing is not built yet",
     ),
     "speculative_algorithm": (
         lambda a: a.speculative_algorithm is not None,

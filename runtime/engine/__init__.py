@@ -1,0 +1,1 @@
+"""The engine loop: scheduler plans in, executor work out, events back."""

@@ -1,0 +1,110 @@
+"""Engine-side request state and its per-request statistics (host timestamps only)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenspeed.runtime.sampling import SamplingParams
+
+
+@dataclass
+class RequestStats:
+    """The per-request stats line: token counts, cache hits, latencies (ms), preemptions."""
+
+    prompt_tokens: int = 0
+    cache_tokens: int = 0
+    output_tokens: int = 0
+    cache_hit_rate: float = 0.0
+    queue_ms: float = 0.0
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+    preempt_ms: float = 0.0
+    preempt_count: int = 0
+    decode_tps: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def line(self) -> str:
+        """One log line, ``key=value`` pairs in a fixed order."""
+        parts = []
+        for key, value in self.__dict__.items():
+            parts.append(f"{key}={value:.2f}" if isinstance(value, float) else f"{key}={value}")
+        return " ".join(parts)
+
+
+@dataclass
+class Request:
+    """One request as the engine tracks it between submit and finish."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    stop_ids: frozenset[int]
+    max_new_tokens: int
+    arrival: float = field(default_factory=time.perf_counter)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    finish_reason: str | None = None
+    slot: int | None = None
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished_at: float | None = None
+    stats: RequestStats | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def compute_stats(self, scheduler_stats: Any) -> RequestStats:
+        """Fill the stats from host timestamps and what the scheduler knows (cache, preemption)."""
+        end = self.finished_at or time.perf_counter()
+        started = self.first_scheduled or end
+        first = self.first_token or end
+        cached = int(
+            _field(scheduler_stats, ("cached_tokens", "cache_tokens", "prefix_hit_tokens"), 0)
+        )
+        n_out = len(self.output_ids)
+        decode_s = end - first
+        self.stats = RequestStats(
+            prompt_tokens=len(self.prompt_ids),
+            cache_tokens=cached,
+            output_tokens=n_out,
+            cache_hit_rate=cached / len(self.prompt_ids) if self.prompt_ids else 0.0,
+            queue_ms=(started - self.arrival) * 1e3,
+            prefill_ms=(first - started) * 1e3,
+            ttft_ms=(first - self.arrival) * 1e3,
+            total_ms=(end - self.arrival) * 1e3,
+            preempt_ms=float(_field(scheduler_stats, ("preempt_ms", "preempted_ms"), 0.0)),
+            preempt_count=int(_field(scheduler_stats, ("preempt_count", "num_preemptions"), 0)),
+            decode_tps=(n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0,
+        )
+        return self.stats
+
+
+def _field(obj: Any, names: tuple[str, ...], default: Any) -> Any:
+    """Read the first present field of a scheduler stats object or dict."""
+    if obj is None:
+        return default
+    for name in names:
+        if isinstance(obj, dict) and name in obj:
+            return obj[name]
+        if hasattr(obj, name):
+            return getattr(obj, name)
+    return default
+
+
+@dataclass
+class RequestUpdate:
+    """What one step produced for one request: new tokens, and the end if it finished."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[dict[int, float]] | None
+    finished: bool
+    finish_reason: str | None
+    stats: RequestStats | None = None

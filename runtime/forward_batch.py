@@ -1,0 +1,170 @@
+"""Turning a scheduler forward op into the tensors one model step needs.
+
+Everything is computed with vectorised numpy on the host from the op's arrays (the scheduler
+already hands them over as numpy views), then moved to the device in one pass of small copies.
+There is no Python loop over tokens or requests here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+
+class ForwardMode(enum.IntEnum):
+    """What kind of step this is; mirrors the scheduler's enum by name."""
+
+    EXTEND = 0
+    DECODE = 1
+    MIXED = 2
+    IDLE = 3
+
+    @classmethod
+    def of(cls, mode: Any) -> ForwardMode:
+        """Accept our enum, the scheduler's (pybind11 enums have ``.name``) or a string."""
+        if isinstance(mode, ForwardMode):
+            return mode
+        name = str(getattr(mode, "name", mode)).split(".")[-1]
+        for candidate in (name.upper(), name[1:].upper() if name.startswith("k") else ""):
+            if candidate in cls.__members__:
+                return cls[candidate]
+        return cls(int(mode))
+
+    def is_decode(self) -> bool:
+        return self is ForwardMode.DECODE
+
+
+class ForwardOpLike(Protocol):
+    """The fields of the scheduler's ``ForwardOp`` that the executor reads."""
+
+    mode: Any
+    request_ids: list[str]
+    request_pool_indices: Any
+    prefix_lens: Any
+    extend_lens: Any
+    seq_lens: Any
+    input_ids: Any
+    block_tables: Any
+
+
+def sample_mask_of(op: Any) -> np.ndarray:
+    """Which requests of the op get a token sampled this step.
+
+    Decode rows always do; an extend row does only on its last prefill chunk. The scheduler
+    says so explicitly; if it does not, a row whose ``seq_len`` reaches its full prompt length
+    cannot be known here, so we require the attribute.
+    """
+    for name in ("sample_mask", "finishing_prefill", "is_last_chunk", "sample"):
+        value = getattr(op, name, None)
+        if value is not None:
+            return np.asarray(value, dtype=bool)
+    raise AttributeError("forward op does not say which requests are sampled (sample_mask)")
+
+
+@dataclass
+class ForwardBatch:
+    """Device tensors for one step plus the host arrays they were built from."""
+
+    mode: ForwardMode
+    batch_size: int
+    num_tokens: int
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64, page_id * page_size + offset
+    block_tables: torch.Tensor  # [B, max_pages] int32
+    seq_lens: torch.Tensor  # [B] int32, KV length after this step
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32
+    sample_indices: torch.Tensor  # [S] int64, token index of each sampled row
+    # host mirrors (numpy), for anything that must not read device memory
+    seq_lens_np: np.ndarray
+    extend_lens_np: np.ndarray
+    prefix_lens_np: np.ndarray
+    sample_rows_np: np.ndarray  # [S] int64, which requests (batch rows) are sampled
+    pool_indices_np: np.ndarray  # [B] int64
+    attn_metadata: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.seq_lens_np.max()) if self.batch_size else 0
+
+    @property
+    def max_extend_len(self) -> int:
+        return int(self.extend_lens_np.max()) if self.batch_size else 0
+
+
+def build_positions(prefix_lens: np.ndarray, extend_lens: np.ndarray) -> np.ndarray:
+    """Per-token positions ``prefix_len .. prefix_len + extend_len - 1`` for every request."""
+    total = int(extend_lens.sum())
+    starts = np.cumsum(extend_lens) - extend_lens  # first token index of each request
+    offsets = np.arange(total, dtype=np.int64) - np.repeat(starts, extend_lens)
+    return np.repeat(prefix_lens.astype(np.int64), extend_lens) + offsets
+
+
+def build_slot_mapping(
+    block_tables: np.ndarray, extend_lens: np.ndarray, positions: np.ndarray, page_size: int
+) -> np.ndarray:
+    """KV write location of each new token: its request's page for that position, + offset."""
+    rows = np.repeat(np.arange(len(extend_lens)), extend_lens)
+    pages = block_tables[rows, positions // page_size].astype(np.int64)
+    return pages * page_size + positions % page_size
+
+
+def make_forward_batch(
+    op: ForwardOpLike, page_size: int, device: torch.device, pin: bool = False
+) -> ForwardBatch:
+    """Build a ``ForwardBatch`` from a forward op (scheduler's or a hand-made one)."""
+    mode = ForwardMode.of(op.mode)
+    prefix = np.asarray(op.prefix_lens, dtype=np.int64)
+    extend = np.asarray(op.extend_lens, dtype=np.int64)
+    seq = np.asarray(op.seq_lens, dtype=np.int64)
+    tables = np.asarray(op.block_tables, dtype=np.int32)
+    if tables.ndim == 1:
+        tables = tables.reshape(len(extend), -1)
+    # The scheduler may hand over its full-width table (max_model_len / page_size columns);
+    # only the columns this step's longest request uses matter, and kernels scan the width.
+    if len(seq):
+        tables = tables[:, : max(1, -(-int(seq.max()) // page_size))]
+    ids = np.asarray(op.input_ids, dtype=np.int64)
+    positions = build_positions(prefix, extend)
+    if len(ids) != len(positions):
+        raise ValueError(
+            f"forward op has {len(ids)} input ids but extend_lens sum to {len(positions)}"
+        )
+    slots = build_slot_mapping(tables, extend, positions, page_size)
+    cu = np.zeros(len(extend) + 1, dtype=np.int32)
+    np.cumsum(extend, out=cu[1:])
+    sample_rows = np.flatnonzero(sample_mask_of(op)).astype(np.int64)
+    sample_idx = cu[1:][sample_rows].astype(np.int64) - 1
+
+    def to_dev(a: np.ndarray) -> torch.Tensor:
+        # Scheduler arrays are read-only zero-copy views; torch wants writable memory.
+        a = np.ascontiguousarray(a) if a.flags.writeable else np.array(a, copy=True)
+        t = torch.from_numpy(a)
+        if device.type == "cpu":
+            return t
+        if pin:
+            t = t.pin_memory()
+        return t.to(device, non_blocking=pin)
+
+    return ForwardBatch(
+        mode=mode,
+        batch_size=len(extend),
+        num_tokens=len(ids),
+        input_ids=to_dev(ids),
+        positions=to_dev(positions),
+        slot_mapping=to_dev(slots),
+        block_tables=to_dev(tables),
+        seq_lens=to_dev(seq.astype(np.int32)),
+        cu_seqlens_q=to_dev(cu),
+        sample_indices=to_dev(sample_idx),
+        seq_lens_np=seq,
+        extend_lens_np=extend,
+        prefix_lens_np=prefix,
+        sample_rows_np=sample_rows,
+        pool_indices_np=np.asarray(op.request_pool_indices, dtype=np.int64),
+    )

@@ -1,0 +1,1 @@
+"""Model building blocks: every numeric op goes through ``tokenspeed.kernels``."""

@@ -1,0 +1,293 @@
+"""ModelExecutor: runs the forward op of an execution plan and the plan's cache ops.
+
+It owns the model, the KV pools, the attention backend and the sampling state. It never
+decides who runs: it executes what the scheduler planned and returns the sampled tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tokenspeed.runtime.cuda_graph_runner import CudaGraphRunner
+from tokenspeed.runtime.forward_batch import ForwardBatch, ForwardMode, make_forward_batch
+from tokenspeed.runtime.kv_pool import (
+    HostKVPool,
+    KVLayout,
+    PagedKVPool,
+    cuda_kv_budget_bytes,
+    load_back,
+    pages_for_budget,
+    write_back,
+)
+from tokenspeed.runtime.layers.attention import create_attention_backend
+from tokenspeed.runtime.model_loader import HFConfig, load_model
+from tokenspeed.runtime.sampling import SamplingParams, SamplingState, sample
+
+_KV_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``auto`` means CUDA when present, else CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+@dataclass
+class ExecutorConfig:
+    """What the executor needs from the server args (read by name, so it stays decoupled)."""
+
+    model_path: str | Path
+    dtype: str = "auto"
+    device: str = "auto"
+    load_format: str = "auto"
+    hf_overrides: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    page_size: int = 16
+    max_total_tokens: int | None = None
+    kv_cache_memory: int | None = 256 << 20
+    gpu_memory_utilization: float = 0.9
+    host_kv_cache_memory: int = 0
+    num_host_pages: int | None = None  # explicit page count wins over host_kv_cache_memory
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    chunked_prefill_size: int = 8192
+    attention_backend: str = "auto"
+    kv_cache_dtype: str = "auto"
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None
+
+    @classmethod
+    def from_server_args(cls, args: Any, model_path: str | Path) -> ExecutorConfig:
+        """Pick the executor's fields out of a ``ServerArgs`` (missing ones keep defaults)."""
+        values: dict[str, Any] = {"model_path": model_path}
+        for name in cls.__dataclass_fields__:
+            if name != "model_path" and getattr(args, name, None) is not None:
+                values[name] = getattr(args, name)
+        return cls(**values)
+
+
+@dataclass
+class StepOutput:
+    """Host-side results of one forward: a token per sampled request (+ logprobs)."""
+
+    rows: np.ndarray  # batch rows that were sampled
+    request_ids: list[str]
+    tokens: np.ndarray  # [S] int64
+    logprobs: np.ndarray | None = None  # [S]
+    top_ids: np.ndarray | None = None  # [S, K]
+    top_logprobs: np.ndarray | None = None  # [S, K]
+    logits: torch.Tensor | None = None  # [S, V] float32, only when asked (tests)
+
+
+class ModelExecutor:
+    """Loads the model, sizes and owns the KV pools, executes forward and cache ops."""
+
+    def __init__(self, config: ExecutorConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        torch.manual_seed(config.seed)
+        self._pin = self.device.type == "cuda"
+        self.pages_written_back = 0  # counters for stats and tests
+        self.pages_loaded_back = 0
+        self.graph_runner: CudaGraphRunner | None = None
+        self.model, self.hf_config, self.dtype = load_model(
+            config.model_path,
+            dtype=config.dtype,
+            device=self.device,
+            load_format=config.load_format,
+            hf_overrides=config.hf_overrides,
+            max_model_len=config.max_model_len,
+            seed=config.seed,
+        )
+        cfg: HFConfig = self.hf_config
+        self.max_model_len = int(config.max_model_len or cfg.max_position_embeddings)
+        self.page_size = int(config.page_size)
+        self.layout = KVLayout(
+            num_layers=cfg.num_layers,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            v_head_dim=cfg.head_dim,
+            page_size=self.page_size,
+            dtype=self._kv_dtype(config.kv_cache_dtype),
+        )
+        self.kv_pool = PagedKVPool(self.layout, self._num_device_pages(), self.device)
+        pin = self.device.type == "cuda"
+        host_pages = config.num_host_pages
+        if host_pages is None:
+            host_pages = int(config.host_kv_cache_memory or 0) // self.layout.bytes_per_page
+        self.host_pool = HostKVPool(self.layout, host_pages, pin=pin) if host_pages else None
+        self.attn_backend = create_attention_backend(config.attention_backend, self.kv_pool)
+        self.sampling = SamplingState(config.max_num_seqs, cfg.vocab_size, self.device)
+        if self.device.type == "cuda" and not config.disable_cuda_graph:
+            self._init_cuda_graphs()
+
+    def _init_cuda_graphs(self) -> None:
+        max_bs = int(self.config.cuda_graph_max_bs or min(self.config.max_num_seqs, 256))
+        runner = CudaGraphRunner(
+            self.model,
+            self.attn_backend,
+            self.kv_pool,
+            max_bs=max_bs,
+            max_pages_per_req=-(-self.max_model_len // self.page_size),
+            hidden_size=self.hf_config.hidden_size,
+            dtype=self.dtype,
+        )
+        if runner.capture():
+            self.graph_runner = runner
+
+    # ---- sizing -------------------------------------------------------------------------
+    def _kv_dtype(self, name: str) -> torch.dtype:
+        if name == "auto":
+            return self.dtype
+        if name in _KV_DTYPES:
+            return _KV_DTYPES[name]
+        raise ValueError(
+            f"kv cache dtype {name!r} is not supported by the paged backend yet (use auto)"
+        )
+
+    def _num_device_pages(self) -> int:
+        cfg = self.config
+        if cfg.max_total_tokens:
+            return pages_for_budget(self.layout, cfg.max_total_tokens, None)
+        if self.device.type != "cuda":
+            return pages_for_budget(self.layout, None, cfg.kv_cache_memory)
+        peak = self._profile_peak_bytes()
+        budget = cuda_kv_budget_bytes(self.device, cfg.gpu_memory_utilization, peak)
+        return pages_for_budget(self.layout, None, budget)
+
+    def _profile_peak_bytes(self) -> int:
+        """Run the largest step the scheduler may plan on a throwaway pool; return torch's peak."""
+        tokens = int(min(self.config.chunked_prefill_size, self.max_model_len))
+        pages = -(-tokens // self.page_size)
+        pool = PagedKVPool(self.layout, pages, self.device)
+        backend = create_attention_backend(self.config.attention_backend, pool)
+        op = _SyntheticOp.prefill(tokens, pages, self.page_size)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._run_model(op, backend, want_logits=False)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del pool, backend
+        torch.cuda.empty_cache()
+        return int(peak)
+
+    @property
+    def num_device_pages(self) -> int:
+        return self.kv_pool.num_pages
+
+    @property
+    def num_host_pages(self) -> int:
+        return self.host_pool.num_pages if self.host_pool else 0
+
+    # ---- requests -----------------------------------------------------------------------
+    def install_request(
+        self,
+        slot: int,
+        params: SamplingParams,
+        seed: int,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        stop_ids: Sequence[int] = (),
+    ) -> None:
+        """Bind a request's sampling state to its pool slot (admission or re-admission)."""
+        self.sampling.install(
+            slot, params, seed, list(prompt_ids), list(output_ids), list(stop_ids)
+        )
+
+    # ---- execution ----------------------------------------------------------------------
+    def _run_model(
+        self, op: Any, backend: Any, want_logits: bool, allow_graph: bool = False
+    ) -> tuple[ForwardBatch, torch.Tensor | None]:
+        batch = make_forward_batch(op, self.page_size, self.device, pin=self._pin)
+        batch.extras["attn_backend"] = backend
+        runner = self.graph_runner if allow_graph else None
+        with torch.inference_mode():
+            if runner is not None and runner.can_run(batch):
+                hidden = runner.replay(batch)
+            else:
+                backend.init_forward_metadata(batch)
+                hidden = self.model(batch.input_ids, batch.positions, batch)
+            if not want_logits or len(batch.sample_rows_np) == 0:
+                return batch, None
+            return batch, self.model.compute_logits(hidden[batch.sample_indices])
+
+    def execute(self, op: Any, return_logits: bool = False) -> StepOutput:
+        """Run one forward op; sample every request the op marks as sampled."""
+        if ForwardMode.of(op.mode) is ForwardMode.IDLE or len(op.request_ids) == 0:
+            return StepOutput(np.zeros(0, np.int64), [], np.zeros(0, np.int64))
+        batch, logits = self._run_model(op, self.attn_backend, want_logits=True, allow_graph=True)
+        rows = batch.sample_rows_np
+        ids = [op.request_ids[i] for i in rows]
+        if logits is None:
+            return StepOutput(rows, ids, np.zeros(0, np.int64))
+        slots = batch.pool_indices_np[rows]
+        with torch.inference_mode():
+            sb = self.sampling.gather(slots)
+            out = sample(logits, sb, self.sampling)
+            self.sampling.record(slots, sb, out.tokens)
+        # The one host sync per step: stop checks and the scheduler need the tokens.
+        result = StepOutput(rows, ids, out.tokens.cpu().numpy())
+        if out.logprobs is not None:
+            result.logprobs = out.logprobs.cpu().numpy()
+        if out.top_ids is not None and out.top_logprobs is not None:
+            result.top_ids = out.top_ids.cpu().numpy()
+            result.top_logprobs = out.top_logprobs.cpu().numpy()
+        if return_logits:
+            result.logits = logits
+        return result
+
+    def write_back(self, device_pages: Any, host_pages: Any) -> None:
+        """Copy device pages to the host tier (plan's ``WriteBackOp``)."""
+        if self.host_pool is None:
+            raise RuntimeError("write-back planned but no host KV pool was configured")
+        write_back(self.kv_pool, self.host_pool, device_pages, host_pages)
+        self.pages_written_back += len(device_pages)
+
+    def load_back(self, host_pages: Any, device_pages: Any) -> None:
+        """Copy host pages into device pages (plan's ``LoadBackOp``)."""
+        if self.host_pool is None:
+            raise RuntimeError("load-back planned but no host KV pool was configured")
+        load_back(self.host_pool, self.kv_pool, host_pages, device_pages)
+        self.pages_loaded_back += len(device_pages)
+
+
+@dataclass
+class _SyntheticOp:
+    """A hand-made forward op (profiling, warm-up, tests before a scheduler exists)."""
+
+    mode: ForwardMode
+    request_ids: list[str]
+    request_pool_indices: np.ndarray
+    prefix_lens: np.ndarray
+    extend_lens: np.ndarray
+    seq_lens: np.ndarray
+    input_ids: np.ndarray
+    block_tables: np.ndarray
+    sample_mask: np.ndarray
+
+    @classmethod
+    def prefill(cls, tokens: int, pages: int, page_size: int) -> _SyntheticOp:
+        del page_size
+        return cls(
+            mode=ForwardMode.EXTEND,
+            request_ids=["profile"],
+            request_pool_indices=np.zeros(1, np.int32),
+            prefix_lens=np.zeros(1, np.int32),
+            extend_lens=np.array([tokens], np.int32),
+            seq_lens=np.array([tokens], np.int32),
+            input_ids=np.zeros(tokens, np.int32),
+            block_tables=np.arange(pages, dtype=np.int32).reshape(1, -1),
+            sample_mask=np.ones(1, bool),
+        )
