@@ -1,0 +1,235 @@
+"""Launch plans of the MLA Triton kernels: defaults, tuning spaces, split-KV and workspace sizing.
+
+Pure Python (no Triton, no tensor reads): the registry asks for a default config when it
+selects a kernel, ``tokenspeed tune-kernels``-style searches enumerate the spaces, and
+``mla_decode_plan`` sizes the split-KV workspace before a CUDA graph is captured. Every
+number here comes from shapes only, so planning never synchronises with the device.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+from tokenspeed.kernels.traits import bucket
+
+Traits = Mapping[str, Any]
+Config = dict[str, Any]
+
+# Rows (query token x head pairs) one decode program owns. 64 rows x 512 fp32 accumulator is
+# 128 KiB of registers (half of an SM's file at 8 warps); 128 rows would need the whole file.
+MAX_BLOCK_H = 64
+# Folding query tokens into the head axis stops at this many rows (the seed's rule).
+FOLD_ROW_LIMIT = 128
+MAX_SPLITS = 64
+MIN_TOKENS_PER_SPLIT = 256
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+@functools.cache
+def num_sms() -> int:
+    """Streaming multiprocessors of the current GPU (a small stand-in on CPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 8
+
+
+def _grid(**axes: list[Any]) -> list[Config]:
+    keys = list(axes)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
+
+
+# -- decode ----------------------------------------------------------------------------------
+
+
+def fold_factor(num_heads: int, q_len: int, requested: int | None = None) -> int:
+    """How many query tokens share one row group (``fold_sq_factor``).
+
+    The largest ``F`` dividing ``q_len`` with ``num_heads * F <= 128``, so small-head decode
+    with several query tokens (MTP) fills the MMA M dimension; ``1`` when none divides.
+    An explicit request must divide ``q_len``.
+    """
+    if requested is not None:
+        if requested < 1 or q_len % requested:
+            raise ValueError(f"fold_sq_factor={requested} must divide q_len={q_len}")
+        return int(requested)
+    best = 1
+    for f in range(1, q_len + 1):
+        if q_len % f == 0 and num_heads * f <= max(FOLD_ROW_LIMIT, num_heads):
+            best = f
+    return best
+
+
+def decode_block_h(rows_per_group: int, wanted: int) -> int:
+    """Rows per program: the configured block, shrunk to the group (>= 16 for tl.dot)."""
+    return max(16, min(_pow2(wanted), _pow2(rows_per_group)))
+
+
+def decode_geometry(num_heads: int, q_len: int, fold: int, block_h: int) -> tuple[int, int, int]:
+    """(rows per group, row blocks per group, row blocks per request) of a decode launch."""
+    rows = num_heads * fold
+    per_group = -(-rows // block_h)
+    return rows, per_group, per_group * (q_len // fold)
+
+
+def _ctas_per_sm(block_h: int) -> int:
+    # 64 rows: 128 KiB accumulator + the q tile in SMEM -> one CTA per SM; fewer rows -> two.
+    return 1 if block_h >= 64 else 2
+
+
+def decode_num_splits(
+    batch: int, row_blocks: int, kv_len: int, block_h: int, sms: int | None = None
+) -> int:
+    """Split-KV count: the fewest splits that fill the GPU's CTA slots without a ragged wave.
+
+    Every split adds a partial write/read (``rows x 513 x 4`` bytes) and a merge, so prefer
+    few; but a launch of fewer programs than CTA slots leaves bandwidth unused. Candidates are
+    scored by wave efficiency (programs / (waves x slots)); the smallest split count reaching
+    90% wins (else the most efficient). Never fewer than 256 tokens per split.
+    """
+    slots = max(1, (sms or num_sms()) * _ctas_per_sm(block_h))
+    programs = max(1, batch * row_blocks)
+    cap = max(1, min(MAX_SPLITS, kv_len // MIN_TOKENS_PER_SPLIT))
+    if programs >= 4 * slots:
+        return 1
+
+    def efficiency(s: int) -> float:
+        total = programs * s
+        waves = -(-total // slots)
+        return total / (waves * slots)
+
+    for s in range(1, cap + 1):
+        if efficiency(s) >= 0.9:
+            return s
+    return max(range(1, cap + 1), key=efficiency)
+
+
+def decode_default_config(traits: Traits) -> Config:
+    """Untuned decode launch: 64-row blocks when the (folded) heads fill them."""
+    heads, q_len = int(traits["num_heads"]), int(traits["q_len"])
+    fold = fold_factor(heads, q_len)
+    block_h = decode_block_h(heads * fold, MAX_BLOCK_H)
+    _, _, row_blocks = decode_geometry(heads, q_len, fold, block_h)
+    big = int(traits.get("kv_lora_rank", 512)) >= 256
+    # SMEM: q tile (BLOCK_H x 576 x 2 B) + stages x BLOCK_N x 576 x 2 B. 32-token tiles keep
+    # 64-row blocks at ~150 KiB (one CTA/SM) and 16/32-row blocks under ~110 KiB (two).
+    return {
+        "block_h": block_h,
+        "block_n": 32 if big else 16,
+        "num_warps": 8 if (block_h >= 32 and big) else 4,
+        "num_stages": 3 if block_h >= 64 else 2,  # measured on H200: 3 stages -8% at 64 rows
+        "q_reload": 0,
+        "num_splits": decode_num_splits(
+            int(traits["batch"]), row_blocks, int(traits["kv_len"]), block_h
+        ),
+    }
+
+
+def decode_config_space(traits: Traits) -> list[Config]:
+    """What tuning tries: row blocks, KV tile, warps, pipeline depth, split counts."""
+    base = decode_default_config(traits)["num_splits"]
+    splits = sorted({s for s in (1, base // 2, base, base * 2) if 1 <= s <= MAX_SPLITS})
+    return [
+        c
+        for c in _grid(
+            block_h=[16, 32, 64],
+            block_n=[16, 32, 64],
+            num_warps=[4, 8],
+            num_stages=[1, 2, 3],
+            num_splits=splits,
+            q_reload=[0, 1],
+        )
+        if not (c["block_h"] == 64 and c["block_n"] == 64 and c["num_stages"] > 2)
+    ]
+
+
+def decode_workspace_bytes(batch: int, q_len: int, num_heads: int, splits: int, dv: int) -> int:
+    """Bytes of split-KV scratch: fp32 partial outputs ``[rows, splits, dv]`` then LSEs."""
+    if splits <= 1:
+        return 0
+    rows = batch * q_len * num_heads
+    return rows * splits * (dv + 1) * 4
+
+
+def plan_decode(
+    batch: int,
+    q_len: int,
+    heads: int,
+    capacity: int,
+    page_size: int,
+    *,
+    kv_lora_rank: int = 512,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    fold_sq_factor: int | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> dict[str, int]:
+    """The launch geometry for a decode call (shapes only): fold, blocks, splits, workspace."""
+    kv_len = min(max_seq_len, capacity) if max_seq_len else capacity
+    traits = {
+        "num_heads": heads,
+        "q_len": q_len,
+        "kv_lora_rank": kv_lora_rank,
+        "page_size": page_size,
+        "batch": bucket(batch),
+        "kv_len": bucket(kv_len),
+    }
+    cfg = dict(decode_default_config(traits))
+    cfg.update(config or {})
+    fold = fold_factor(heads, q_len, fold_sq_factor)
+    block_h = decode_block_h(heads * fold, int(cfg["block_h"]))
+    rows, per_group, row_blocks = decode_geometry(heads, q_len, fold, block_h)
+    splits = int(num_splits) if num_splits else int(cfg["num_splits"])
+    splits = max(1, min(splits, max(1, -(-kv_len // int(cfg["block_n"])))))
+    return {
+        "fold": fold,
+        "block_h": block_h,
+        "block_n": int(cfg["block_n"]),
+        "num_warps": int(cfg["num_warps"]),
+        "num_stages": int(cfg["num_stages"]),
+        "q_reload": int(cfg.get("q_reload", 0)),
+        "rows_per_group": rows,
+        "blocks_per_group": per_group,
+        "row_blocks": row_blocks,
+        "num_splits": splits,
+        "workspace_bytes": decode_workspace_bytes(batch, q_len, heads, splits, kv_lora_rank),
+    }
+
+
+# -- prefill ---------------------------------------------------------------------------------
+
+
+def prefill_default_config(traits: Traits) -> Config:
+    """FlashAttention-style tiles: 128 query rows x 64 keys, 8 warps."""
+    small = int(traits.get("num_tokens", 1 << 20)) < 128
+    return {
+        "block_m": 64 if small else 128,
+        "block_n": 64,
+        "num_warps": 4 if small else 8,
+        "num_stages": 2 if int(traits.get("qk_head_dim", 192)) > 128 else 3,
+    }
+
+
+def prefill_config_space(traits: Traits) -> list[Config]:
+    """Query/key tiles, warps and stages for tuning."""
+    return _grid(block_m=[64, 128], block_n=[32, 64, 128], num_warps=[4, 8], num_stages=[1, 2, 3])
+
+
+# -- K/V pack and store ----------------------------------------------------------------------
+
+
+def pack_default_config(traits: Traits) -> Config:
+    """A few tokens per program, enough warps to cover a 576-wide row."""
+    return {"block_t": 4, "num_warps": 4}
+
+
+def pack_config_space(traits: Traits) -> list[Config]:
+    """Tokens per program and warps."""
+    return _grid(block_t=[1, 2, 4, 8, 16], num_warps=[1, 2, 4, 8])

@@ -1,0 +1,275 @@
+"""Absorbed-MLA decode over the paged latent cache, in Triton: split-KV + a merge kernel.
+
+Grid of the main kernel: (row block, KV split, request), row blocks fastest. A *row* is one
+(query token, head) pair; ``fold`` query tokens x all heads form a row group, cut into
+blocks of ``BLOCK_H`` rows (64 by default). One program owns one row block of one request
+and streams its split of that request's latent cache once, ``BLOCK_N`` tokens per step:
+
+* ``s = q_c @ kv_c^T + q_r @ k_r^T`` over the 512 compressed + 64 rope dims (two ``tl.dot``s,
+  both tiles loaded once; Triton keeps them in shared memory for both products),
+* online softmax in the exp2 domain with the causal mask of the query block,
+* ``acc += p @ kv_c``: V is the same 512-dim tile, so no second read.
+
+All rows of a block share every KV tile, so the cache is read from HBM once per 64 rows;
+row blocks of the same request are adjacent in the grid and share tiles through L2. The
+``[BLOCK_H, 512]`` fp32 accumulator lives in registers, split over the warps (at 8 warps and
+64 rows: 128 registers per thread). With one split the kernel writes the output (and LSE)
+directly; otherwise fp32 partials and base-2 LSEs go to the workspace and the merge kernel
+combines them. Split boundaries follow each request's own length (read on the device), the
+split count itself comes from shapes only, so the launch is CUDA-graph safe.
+
+FP8 caches are dequantised in registers to the query's dtype (per-tensor scale folded into
+the softmax scale and the output, per-token scales applied to the scores and to ``p``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from .configs import plan_decode
+
+_LOG2E = 1.4426950408889634
+
+SCALE_NONE, SCALE_TENSOR, SCALE_TOKEN = 0, 1, 2
+
+
+@triton.jit
+def _mla_decode_split_kernel(
+    q_ptr, kv_ptr, block_table_ptr, seq_lens_ptr, kv_scale_ptr,
+    out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
+    qk_scale,
+    num_heads, q_len, fold, rows_per_group, blocks_per_group, page_size,
+    stride_qb, stride_qt, stride_qh,
+    stride_kp, stride_ks,
+    stride_bt,
+    stride_sp, stride_ss,
+    stride_ob, stride_ot, stride_oh,
+    DV: tl.constexpr, DR: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SCALE_MODE: tl.constexpr, WRITE_LSE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q_RELOAD: tl.constexpr,
+):  # fmt: skip
+    rb = tl.program_id(0)
+    split = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+
+    group = rb // blocks_per_group
+    r = (rb % blocks_per_group) * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = r < rows_per_group
+    t = group * fold + r // num_heads  # query token of each row
+    h = r % num_heads
+    dv = tl.arange(0, DV)
+    dr = tl.arange(0, DR)
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    q_pos = seq_len - q_len + t  # kv position of each row's query token (causal bound)
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    q_off = b * stride_qb + t * stride_qt + h * stride_qh
+    q_c = tl.load(q_ptr + q_off[:, None] + dv[None, :], mask=row_ok[:, None], other=0.0)
+    q_r = tl.load(q_ptr + q_off[:, None] + DV + dr[None, :], mask=row_ok[:, None], other=0.0)
+    compute_ty = q_ptr.dtype.element_ty
+
+    scale = qk_scale
+    if SCALE_MODE == 1:
+        tensor_scale = tl.load(kv_scale_ptr).to(tl.float32)
+        scale = qk_scale * tensor_scale
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, DV], dtype=tl.float32)
+
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        tok_ok = pos < end
+        page = tl.load(block_table_ptr + b * stride_bt + pos // page_size, mask=tok_ok, other=0)
+        page = page.to(tl.int64)
+        slot_in_page = pos % page_size
+        kv_off = page * stride_kp + slot_in_page * stride_ks
+        kv_c = tl.load(kv_ptr + kv_off[:, None] + dv[None, :], mask=tok_ok[:, None], other=0.0)
+        k_r = tl.load(kv_ptr + kv_off[:, None] + DV + dr[None, :], mask=tok_ok[:, None], other=0.0)
+        kv_c = kv_c.to(compute_ty)
+        k_r = k_r.to(compute_ty)
+
+        if Q_RELOAD:  # re-read q (L1/L2 hits) instead of holding it across the loop
+            q_c = tl.load(q_ptr + q_off[:, None] + dv[None, :], mask=row_ok[:, None], other=0.0)
+            q_r = tl.load(q_ptr + q_off[:, None] + DV + dr[None, :], mask=row_ok[:, None],
+                          other=0.0)  # fmt: skip
+        s = tl.dot(q_c, tl.trans(kv_c), input_precision=DOT_PRECISION)
+        s = tl.dot(q_r, tl.trans(k_r), acc=s, input_precision=DOT_PRECISION)
+        if SCALE_MODE == 2:
+            tok_scale = tl.load(
+                kv_scale_ptr + page * stride_sp + slot_in_page * stride_ss, mask=tok_ok, other=0.0
+            )
+            s = s * (tok_scale[None, :] * scale)
+        else:
+            s = s * scale
+        visible = tok_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if SCALE_MODE == 2:
+            p = p * tok_scale[None, :]
+        acc = acc * alpha[:, None] + tl.dot(p.to(compute_ty), kv_c, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    has = l_i > 0.0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    if SCALE_MODE == 1:
+        inv_l = inv_l * tensor_scale
+    res = acc * inv_l[:, None]
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    if NUM_SPLITS == 1:
+        o_off = b * stride_ob + t * stride_ot + h * stride_oh
+        tl.store(out_ptr + o_off[:, None] + dv[None, :], res.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])  # fmt: skip
+        if WRITE_LSE:
+            row = (b * q_len + t) * num_heads + h
+            tl.store(lse_ptr + row, lse2 * 0.6931471805599453, mask=row_ok)
+    else:
+        row = ((b * q_len + t) * num_heads + h) * NUM_SPLITS + split
+        tl.store(part_out_ptr + row[:, None] * DV + dv[None, :], res, mask=row_ok[:, None])
+        tl.store(part_lse_ptr + row, lse2, mask=row_ok)
+
+
+@triton.jit
+def _mla_decode_merge_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, lse_ptr,
+    num_heads, q_len,
+    stride_ob, stride_ot, stride_oh,
+    DV: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)  # (b * q_len + t) * H + h
+    h = row % num_heads
+    t = (row // num_heads) % q_len
+    b = row // (num_heads * q_len)
+    s = tl.arange(0, BLOCK_S)
+    dv = tl.arange(0, DV)
+    lses = tl.load(part_lse_ptr + row * NUM_SPLITS + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lses, axis=0)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.sum(tl.exp2(lses - m_use), axis=0)
+    acc = tl.zeros([DV], dtype=tl.float32)
+    for i in range(NUM_SPLITS):
+        w = tl.exp2(tl.load(part_lse_ptr + row * NUM_SPLITS + i) - m_use)
+        part = tl.load(part_out_ptr + (row * NUM_SPLITS + i) * DV + dv)
+        acc += tl.where(w > 0.0, part * w, 0.0)
+    has = total > 0.0
+    res = acc / tl.where(has, total, 1.0)
+    o_off = b * stride_ob + t * stride_ot + h * stride_oh
+    tl.store(out_ptr + o_off + dv, res.to(out_ptr.dtype.element_ty))
+    if WRITE_LSE:
+        lse2 = tl.where(has, m_use + tl.log2(tl.where(has, total, 1.0)), float("-inf"))
+        tl.store(lse_ptr + row, lse2 * 0.6931471805599453)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _scale_mode(kv_cache: torch.Tensor, kv_scale: torch.Tensor | None) -> int:
+    if kv_scale is None:
+        if kv_cache.element_size() == 1:
+            raise ValueError("an FP8 latent cache needs kv_scale")
+        return SCALE_NONE
+    return SCALE_TENSOR if kv_scale.numel() == 1 else SCALE_TOKEN
+
+
+def mla_decode(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    softmax_scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    kv_scale: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    fold_sq_factor: int | None = None,
+    kv_lora_rank: int = 512,
+    max_seq_len: int | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Triton split-KV MLA decode; see ``tokenspeed.mla.mla_decode`` for the contract."""
+    batch, q_len, heads, dim = query.shape
+    cache = kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], kv_cache.shape[-1])
+    page_size = cache.shape[1]
+    rope = dim - kv_lora_rank
+    if query.stride(-1) != 1 or cache.stride(-1) != 1:
+        raise ValueError("mla_decode needs unit stride along the latent dim")
+    plan = plan_decode(
+        batch, q_len, heads, block_tables.shape[1] * page_size, page_size,
+        kv_lora_rank=kv_lora_rank, max_seq_len=max_seq_len, num_splits=num_splits,
+        fold_sq_factor=fold_sq_factor, config=config,
+    )  # fmt: skip
+    if out is None:
+        out = torch.empty(batch, q_len, heads, kv_lora_rank, dtype=query.dtype, device=query.device)
+    lse = (
+        torch.empty(batch, q_len, heads, dtype=torch.float32, device=query.device)
+        if return_lse
+        else out
+    )
+    if batch == 0:
+        return (out, lse) if return_lse else out
+    splits = plan["num_splits"]
+    if splits > 1:
+        need = plan["workspace_bytes"]
+        if workspace is None:
+            workspace = torch.empty(need, dtype=torch.uint8, device=query.device)
+        elif workspace.numel() * workspace.element_size() < need:
+            raise ValueError(
+                f"mla_decode workspace holds {workspace.numel() * workspace.element_size()} "
+                f"bytes, needs {need} (see mla_decode_plan)"
+            )
+        floats = workspace.view(torch.uint8)[:need].view(torch.float32)
+        rows = batch * q_len * heads * splits
+        part_out, part_lse = floats[: rows * kv_lora_rank], floats[rows * kv_lora_rank :]
+    else:
+        part_out = part_lse = out  # unused
+    scale_mode = _scale_mode(cache, kv_scale)
+    if scale_mode == SCALE_TOKEN:
+        scale_t = kv_scale.reshape(cache.shape[0], page_size)
+        stride_sp, stride_ss = scale_t.stride(0), scale_t.stride(1)
+    else:
+        scale_t = kv_scale if kv_scale is not None else out
+        stride_sp = stride_ss = 0
+    grid = (plan["row_blocks"], splits, batch)
+    _mla_decode_split_kernel[grid](
+        query, cache, block_tables, seq_lens, scale_t,
+        out, lse, part_out, part_lse,
+        softmax_scale * _LOG2E,
+        heads, q_len, plan["fold"], plan["rows_per_group"], plan["blocks_per_group"], page_size,
+        query.stride(0), query.stride(1), query.stride(2),
+        cache.stride(0), cache.stride(1),
+        block_tables.stride(0),
+        stride_sp, stride_ss,
+        out.stride(0), out.stride(1), out.stride(2),
+        DV=kv_lora_rank, DR=rope,
+        NUM_SPLITS=splits, SCALE_MODE=scale_mode, WRITE_LSE=return_lse,
+        DOT_PRECISION=_dot_precision(query.dtype),
+        BLOCK_H=plan["block_h"], BLOCK_N=plan["block_n"], Q_RELOAD=plan["q_reload"],
+        num_warps=plan["num_warps"], num_stages=plan["num_stages"],
+    )  # fmt: skip
+    if splits > 1:
+        _mla_decode_merge_kernel[(batch * q_len * heads,)](
+            part_out, part_lse, out, lse,
+            heads, q_len,
+            out.stride(0), out.stride(1), out.stride(2),
+            DV=kv_lora_rank, NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
+            WRITE_LSE=return_lse, num_warps=4,
+        )  # fmt: skip
+    return (out, lse) if return_lse else out

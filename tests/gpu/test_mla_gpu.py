@@ -1,0 +1,183 @@
+"""MLA Triton kernels on a real GPU: bf16 and FP8 at FlashMLA's shapes against the reference.
+
+Skipped without CUDA, and when ``TRITON_INTERPRET=1`` is set (then Triton would interpret
+instead of compiling; run this file in its own process).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET") == "1", reason="Triton interpreter is on"
+    ),
+]
+
+FP8 = torch.float8_e4m3fn
+SCALE = 1 / math.sqrt(192)
+
+
+def _fp8_ok() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def _decode_problem(batch, heads, q_len, kv_len, page, *, ragged=False, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    lens = torch.full((batch,), kv_len, dtype=torch.int32, device="cuda")
+    if ragged:
+        lens = torch.randint(q_len, kv_len + 1, (batch,), generator=gen, device="cuda").int()
+    pages_per = -(-kv_len // page)
+    total = batch * pages_per + 3
+    perm = torch.randperm(total, generator=gen, device="cuda")[: batch * pages_per]
+    tables = perm.view(batch, pages_per).int()
+    cache = (torch.randn(total, page, 576, generator=gen, device="cuda") * 0.5).bfloat16()
+    q = (torch.randn(batch, q_len, heads, 576, generator=gen, device="cuda") * 0.5).bfloat16()
+    return q, cache, tables, lens
+
+
+def _check(actual, expected, atol=2e-2, rtol=2e-2):
+    assert not torch.isnan(actual).any()
+    torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol)
+
+
+@pytest.fixture(autouse=True)
+def _triton_everywhere():
+    from tokenspeed.kernels import clear_selection_cache, kernel_override
+
+    clear_selection_cache(records=True)
+    names = ("mla.decode", "mla.prefill", "mla.kv_pack", "mla.kv_pack_fp8", "mla.store_kv")
+    with kernel_override(dict.fromkeys(names, "triton")):
+        yield
+
+
+@pytest.mark.parametrize("q_len", [1, 2])
+@pytest.mark.parametrize("heads", [16, 32, 64, 128])
+def test_decode_bf16_flashmla_shapes(heads, q_len):
+    from tokenspeed.mla import mla_decode, reference
+
+    q, cache, tables, lens = _decode_problem(128, heads, q_len, 4096, 64, seed=heads + q_len)
+    out = torch.full((128, q_len, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    res, lse = mla_decode(q, cache, tables, lens, SCALE, out=out, return_lse=True)
+    exp, exp_lse = reference.mla_decode(q, cache, tables, lens, SCALE, return_lse=True)
+    _check(res, exp)
+    _check(lse, exp_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("page", [1, 16, 64])
+@pytest.mark.parametrize("splits", [None, 1, 5])
+def test_decode_ragged_pages_splits(page, splits):
+    from tokenspeed.mla import mla_decode, reference
+
+    q, cache, tables, lens = _decode_problem(9, 64, 3, 700, page, ragged=True, seed=page)
+    lens[0] = 0  # a padded (empty) request: zero output, -inf LSE
+    res, lse = mla_decode(q, cache, tables, lens, SCALE, return_lse=True, num_splits=splits)
+    exp, exp_lse = reference.mla_decode(q, cache, tables, lens, SCALE, return_lse=True)
+    _check(res, exp)
+    assert torch.all(lse[0] == float("-inf"))
+    _check(lse[1:], exp_lse[1:], atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.skipif(not _fp8_ok(), reason="FP8 e4m3 needs compute capability >= 8.9")
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("heads,q_len", [(16, 1), (64, 2), (128, 1)])
+def test_decode_fp8_flashmla_shapes(heads, q_len, per_token):
+    from tokenspeed.mla import mla_decode, mla_store_kv, reference
+
+    q, cache, tables, lens = _decode_problem(128, heads, q_len, 4096, 64, seed=heads)
+    fp8 = torch.empty(cache.shape, dtype=FP8, device="cuda")
+    if per_token:
+        scale = torch.empty(cache.shape[:2], dtype=torch.float32, device="cuda")
+    else:
+        scale = cache.float().abs().amax().reshape(1) / 448
+    flat = cache.view(-1, 576)
+    slots = torch.arange(flat.shape[0], device="cuda")
+    mla_store_kv(flat[:, :512], flat[:, 512:], fp8, slots, kv_scale=scale)
+    res = mla_decode(q, fp8, tables, lens, SCALE, kv_scale=scale)
+    assert res.dtype == torch.bfloat16
+    exp = reference.mla_decode(q, fp8, tables, lens, SCALE, kv_scale=scale)
+    _check(res, exp)
+    # And close to attention over the unquantized cache (FP8 error only).
+    unq = reference.mla_decode(q, cache, tables, lens, SCALE)
+    _check(res, unq, atol=6e-2, rtol=6e-2)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_prefill_bf16_with_prefix(causal):
+    from tokenspeed.mla import mla_prefill, reference
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q_lens, kv_lens = [300, 1, 1000, 77], [300, 129, 1800, 77]
+    cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], device="cuda").int()
+    cu_k = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], device="cuda").int()
+    q = torch.randn(sum(q_lens), 16, 192, generator=gen, device="cuda").bfloat16()
+    k = torch.randn(sum(kv_lens), 16, 192, generator=gen, device="cuda").bfloat16()
+    v = torch.randn(sum(kv_lens), 16, 128, generator=gen, device="cuda").bfloat16()
+    out, lse = mla_prefill(q, k, v, cu_q, cu_k, softmax_scale=SCALE, causal=causal,
+                           return_lse=True, max_seqlen_q=1000)  # fmt: skip
+    exp, exp_lse = reference.mla_prefill(q, k, v, cu_q, cu_k, softmax_scale=SCALE,
+                                         causal=causal, return_lse=True)  # fmt: skip
+    _check(out, exp)
+    _check(lse, exp_lse, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.skipif(not _fp8_ok(), reason="FP8 e4m3 needs compute capability >= 8.9")
+@pytest.mark.parametrize("static", [False, True])
+def test_kv_pack_fp8_matches_reference(static):
+    from tokenspeed.mla import mla_kv_pack, mla_kv_pack_quantize_fp8, reference
+
+    proj = torch.randn(1000, 700, device="cuda").bfloat16()
+    kv_c, k_pe = proj[:, :512], proj[:, 600:664]
+    assert torch.equal(mla_kv_pack(kv_c, k_pe), torch.cat((kv_c, k_pe), -1))
+    scale = torch.tensor([0.01], device="cuda") if static else None
+    packed, s = mla_kv_pack_quantize_fp8(kv_c, k_pe, scale=scale)
+    ref_packed, ref_s = reference.mla_kv_pack_quantize_fp8(kv_c, k_pe, scale=scale)
+    torch.testing.assert_close(s, ref_s, atol=0, rtol=1e-6)
+    # Both round to nearest-even; allow rare one-step differences (division rounding of the
+    # scale on the GPU), never more than one e4m3 step.
+    a, e = packed.float(), ref_packed.float()
+    differ = a != e
+    assert differ.float().mean() < 1e-3, f"{int(differ.sum())} of {a.numel()} values differ"
+    step = torch.exp2(torch.floor(torch.log2(torch.maximum(a.abs(), e.abs()).clamp_min(2**-6))) - 3)
+    assert torch.all((a - e).abs() <= step)
+
+
+def test_decode_cuda_graph_capture():
+    """Captured once with a preallocated workspace; replays follow new lengths and queries."""
+    from tokenspeed.mla import mla_decode, mla_decode_plan, reference
+
+    q, cache, tables, lens = _decode_problem(32, 128, 2, 2048, 64, ragged=True, seed=5)
+    plan = mla_decode_plan(q, cache, tables)
+    assert plan.kernel == "triton_mla_decode"
+    workspace = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device="cuda")
+    out = torch.empty(32, 2, 128, 512, dtype=torch.bfloat16, device="cuda")
+    lse = [None]
+
+    def step():
+        _, lse[0] = mla_decode(q, cache, tables, lens, SCALE, out=out, return_lse=True,
+                               workspace=workspace)  # fmt: skip
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile + warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in (11, 12):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        lens.copy_(torch.randint(2, 2049, (32,), generator=gen, device="cuda").int())
+        q.copy_(torch.randn(q.shape, generator=gen, device="cuda").bfloat16())
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        exp, exp_lse = reference.mla_decode(q, cache, tables, lens, SCALE, return_lse=True)
+        _check(out, exp)
+        _check(lse[0], exp_lse, atol=1e-2, rtol=1e-3)

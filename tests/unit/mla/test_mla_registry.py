@@ -1,0 +1,104 @@
+"""MLA kernels in the registry, the decode launch plan, and the package's import rule."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import tokenspeed.mla as M
+from tokenspeed.kernels import all_kernels, explain_selection
+from tokenspeed.kernels.device import DeviceInfo, triton_available
+from tokenspeed.mla import configs
+
+H200 = DeviceInfo(kind="cuda", vendor="nvidia", name="NVIDIA H200", compute=(9, 0), num_sms=132)
+A100 = DeviceInfo(kind="cuda", vendor="nvidia", name="NVIDIA A100", compute=(8, 0), num_sms=108)
+
+
+def test_every_mode_has_a_reference_and_a_triton_kernel():
+    by_mode: dict[str, set[str]] = {}
+    for spec in all_kernels():
+        if spec.family == "mla":
+            by_mode.setdefault(spec.mode, set()).add(spec.solution)
+    assert set(by_mode) == {"decode", "prefill", "kv_pack", "kv_pack_fp8", "store_kv"}
+    for solutions in by_mode.values():
+        assert "torch" in solutions
+        if triton_available():
+            assert "triton" in solutions
+
+
+@pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+def test_selection_on_gpus():
+    bf16 = {"q": "bfloat16", "kv_cache": "bfloat16"}
+    fp8 = {"q": "bfloat16", "kv_cache": "float8_e4m3fn"}
+    assert explain_selection("mla", "decode", bf16, device=H200).chosen == "triton_mla_decode"
+    assert explain_selection("mla", "decode", fp8, device=H200).chosen == "triton_mla_decode_fp8"
+    # Triton has no e4m3 before compute capability 8.9: the reference serves FP8 on an A100.
+    explained = explain_selection("mla", "decode", fp8, device=A100)
+    assert explained.chosen == "torch_mla_decode"
+    assert "compute capability" in str(explained)
+    on_cpu = explain_selection("mla", "decode", bf16, device="cpu")
+    assert on_cpu.chosen == "torch_mla_decode"
+
+
+def test_fold_factor_follows_the_seed_rule():
+    assert configs.fold_factor(64, 4) == 2  # H_eff = 128, two query groups
+    assert configs.fold_factor(16, 4) == 4
+    assert configs.fold_factor(128, 2) == 1
+    assert configs.fold_factor(32, 3) == 3
+    assert configs.fold_factor(48, 3) == 1  # 144 rows would exceed 128
+    assert configs.fold_factor(16, 4, 2) == 2
+    with pytest.raises(ValueError):
+        configs.fold_factor(16, 4, 3)
+
+
+def test_decode_plan_flashmla_shapes_on_h200():
+    """Batch 128 x 4k on 132 SMs: 64-row blocks, splits only where the grid is short."""
+    plans = {}
+    for heads in (16, 32, 64, 128):
+        for q_len in (1, 2):
+            traits = {"num_heads": heads, "q_len": q_len, "kv_lora_rank": 512,
+                      "batch": 128, "kv_len": 4096}  # fmt: skip
+            cfg = configs.decode_default_config(traits)
+            fold = configs.fold_factor(heads, q_len)
+            block_h = configs.decode_block_h(heads * fold, cfg["block_h"])
+            _, _, blocks = configs.decode_geometry(heads, q_len, fold, block_h)
+            splits = configs.decode_num_splits(128, blocks, 4096, block_h, sms=132)
+            plans[(heads, q_len)] = (block_h, blocks, splits)
+    assert plans[(16, 1)] == (16, 1, 2)
+    assert plans[(64, 1)] == (64, 1, 1)
+    assert plans[(128, 1)] == (64, 2, 1)
+    assert plans[(64, 2)] == (64, 2, 1)  # both query tokens folded, one KV pass per 64 rows
+    assert plans[(16, 2)][0] == 32
+    # A small batch over a long context splits to fill the GPU, within the cap.
+    assert configs.decode_num_splits(2, 2, 80_000, 64, sms=132) == 30  # 120 of 132 slots
+    assert configs.decode_num_splits(1, 1, 300, 64, sms=132) == 1
+
+
+def test_workspace_bytes():
+    assert configs.decode_workspace_bytes(4, 2, 16, 1, 512) == 0
+    assert configs.decode_workspace_bytes(4, 2, 16, 3, 512) == 4 * 2 * 16 * 3 * 513 * 4
+
+
+def test_config_space_is_valid():
+    traits = {"num_heads": 128, "q_len": 1, "kv_lora_rank": 512, "batch": 128, "kv_len": 4096}
+    space = configs.decode_config_space(traits)
+    keys = {"block_h", "block_n", "num_warps", "num_stages", "num_splits", "q_reload"}
+    assert space and all(set(c) == keys and c["block_h"] in (16, 32, 64) for c in space)
+    assert set(configs.decode_default_config(traits)) == keys
+
+
+def test_mla_never_imports_runtime():
+    code = (
+        "import sys, tokenspeed.mla, tokenspeed.mla.bench; "
+        "bad = [m for m in sys.modules if m.startswith('tokenspeed.runtime')]; "
+        "sys.exit(1 if bad else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_public_api():
+    for name in ("mla_decode", "mla_prefill", "mla_kv_pack_quantize_fp8", "mla_store_kv",
+                 "mla_decode_plan", "mla_kv_pack"):  # fmt: skip
+        assert callable(getattr(M, name))
