@@ -1,4 +1,5 @@
-"""The built-in kernels: torch references always, Triton kernels where Triton is installed."""
+"""The built-in kernels: torch references and the SDPA extend candidate always, Triton kernels
+where Triton is installed."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ def register_builtin_kernels() -> None:
             tags=("deterministic", "reference"),
             description="torch reference: defines the op, float32 math",
         )
+    from .torch_ops import register_torch_kernels
+
+    register_torch_kernels()
     if triton_available():
         from .triton_ops import register_triton_kernels
 

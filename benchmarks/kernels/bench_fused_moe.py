@@ -19,34 +19,58 @@ from tokenspeed.kernels import fused_moe
 from tokenspeed.kernels.workloads import make_inputs
 
 MODEL = {"hidden": 2048, "intermediate": 768, "num_experts": 128, "top_k": 8}
+# Extra configs timed on the small-batch buckets (the Triton kernel called directly), so one
+# run shows whether the new small-batch default beats the previous one and what is left.
+SMALL_BATCH_VARIANTS = {
+    "previous-default-n64": {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4,
+                             "num_stages": 3},
+    "n16-down32": {"block_m": 16, "block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 4,
+                   "down_block_n": 32, "down_block_k": 128},
+    "n32-down32-w2": {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 2,
+                      "num_stages": 4, "down_block_n": 32, "down_block_k": 128},
+}  # fmt: skip
 
 
 def cases(args):
     counts = [1, 16, 256] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
     for tokens in counts:
         shape = {"tokens": tokens, **MODEL}
+        variants = {"default": None}
+        if tokens <= 8:
+            variants.update(SMALL_BATCH_VARIANTS)
+        for label, config in variants.items():
+            yield from _case(args, shape, tokens, label, config)
 
-        def run(bounds, shape=shape, tokens=tokens):
-            def make(i, shape=shape):
-                return make_inputs("moe.experts", shape, torch.bfloat16, "cuda", seed=i)
 
-            first = make(0)
-            experts_used = int(torch.unique(first.args[4]).numel())
-            h, i = MODEL["hidden"], MODEL["intermediate"]
-            weight_bytes = experts_used * 3 * i * h * 2
-            act_bytes = tokens * h * 2 * 2 + tokens * MODEL["top_k"] * (i + h) * 2 * 2
-            timing, sets = time_op(
-                lambda inp: fused_moe(*inp.args), make, lambda inp: inp.nbytes(), args.replays
-            )
-            seconds = timing.median_us * 1e-6
-            gbps = (weight_bytes + act_bytes) / seconds / 1e9
-            tflops = 2 * 3 * tokens * MODEL["top_k"] * h * i / seconds / 1e12
-            return {**shape, "median_us": timing.median_us, "timing": timing.method, "input_sets": sets,
-                    "experts_used": experts_used, "bytes": weight_bytes + act_bytes, "gbps": gbps,
-                    "fraction_of_copy_bw": gbps / bounds["copy_gbps"], "tflops": tflops,
-                    "fraction_of_matmul": tflops / bounds["bf16_tflops"]}  # fmt: skip
+def _case(args, shape, tokens, label, config):
 
-        yield f"fused_moe tokens={tokens}", run
+    def run(bounds, shape=shape, tokens=tokens, config=config, label=label):
+        from tokenspeed.kernels.triton_ops import fused_moe as triton_moe
+
+        def call(inp):
+            if config is None:
+                return fused_moe(*inp.args)
+            return triton_moe.fused_moe(*inp.args, config=config)
+
+        def make(i, shape=shape):
+            return make_inputs("moe.experts", shape, torch.bfloat16, "cuda", seed=i)
+
+        first = make(0)
+        experts_used = int(torch.unique(first.args[4]).numel())
+        h, i = MODEL["hidden"], MODEL["intermediate"]
+        weight_bytes = experts_used * 3 * i * h * 2
+        act_bytes = tokens * h * 2 * 2 + tokens * MODEL["top_k"] * (i + h) * 2 * 2
+        timing, sets = time_op(call, make, lambda inp: inp.nbytes(), args.replays)
+        seconds = timing.median_us * 1e-6
+        gbps = (weight_bytes + act_bytes) / seconds / 1e9
+        tflops = 2 * 3 * tokens * MODEL["top_k"] * h * i / seconds / 1e12
+        return {**shape, "variant": label, "config": config, "median_us": timing.median_us, "timing": timing.method, "input_sets": sets,
+                "experts_used": experts_used, "bytes": weight_bytes + act_bytes, "gbps": gbps,
+                "fraction_of_copy_bw": gbps / bounds["copy_gbps"], "tflops": tflops,
+                "fraction_of_matmul": tflops / bounds["bf16_tflops"]}  # fmt: skip
+
+    suffix = "" if config is None else f" [{label}]"
+    yield f"fused_moe tokens={tokens}{suffix}", run
 
 
 if __name__ == "__main__":

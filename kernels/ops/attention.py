@@ -46,6 +46,20 @@ def paged_decode_attention(
     return sel.run(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
+def extend_prefix_trait(
+    num_tokens: int, batch: int, capacity: int, max_seq_len: int | None = None
+) -> str:
+    """``"none"`` when shapes alone prove a dense batch without cached prefixes, else ``"any"``.
+
+    Every request has ``q_len_b <= seq_len_b <= L`` where ``L`` is the block-table capacity
+    (or the tighter host bound ``max_seq_len``), and ``sum_b q_len_b == T``. So ``T == B * L``
+    forces ``q_len_b == seq_len_b == L`` for every request: equal lengths, no prefix. No
+    tensor value is read.
+    """
+    bound = min(max_seq_len, capacity) if max_seq_len else capacity
+    return "none" if batch > 0 and bound > 0 and num_tokens == batch * bound else "any"
+
+
 def paged_extend_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -55,12 +69,16 @@ def paged_extend_attention(
     seq_lens: torch.Tensor,
     scale: float,
     causal: bool = True,
+    *,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Ragged new tokens ``q[T,Hq,D]`` over their requests' cached prefix plus themselves.
 
     The new K/V are already in the cache; request ``b``'s queries sit at kv positions
-    ``seq_lens[b] - q_len_b .. seq_lens[b] - 1``.
+    ``seq_lens[b] - q_len_b .. seq_lens[b] - 1``. ``max_seq_len`` is an optional host-side
+    bound on ``seq_lens``; it only feeds the ``prefix`` trait (never correctness).
     """
+    batch = cu_seqlens_q.shape[0] - 1
     sel = dispatch(
         "attention",
         "extend",
@@ -74,6 +92,10 @@ def paged_extend_attention(
             "page_size": k_cache.shape[1],
             "causal": bool(causal),
             "num_tokens": bucket(q.shape[0]),
+            "batch": bucket(batch),
+            "prefix": extend_prefix_trait(
+                q.shape[0], batch, block_tables.shape[1] * k_cache.shape[1], max_seq_len
+            ),
         },
     )
     return sel.run(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, causal)

@@ -93,35 +93,44 @@ def route_default_config(traits: Traits) -> Config:
 # -- paged decode attention ------------------------------------------------------------------
 
 
-def decode_num_splits(traits: Traits, sms: int | None = None) -> int:
+def decode_num_splits(traits: Traits, sms: int | None = None, per_sm: int = 8) -> int:
     """Split-KV count from batch, KV heads and context length (shapes only, no tensor reads).
 
-    Aim at about four programs per SM so enough loads are in flight to saturate HBM, but
-    never split below 256 tokens per split (the merge pass would cost more than it saves).
+    Aim at about ``per_sm`` programs per SM: bandwidth is lost mostly in the tail, when fewer
+    programs are left than it takes to keep HBM busy, and finer splits shorten that tail
+    (each program streams less). Never split below 256 tokens per split (the merge pass
+    would cost more than it saves), nor beyond 32 splits.
     """
     programs = max(1, traits["batch"] * traits["num_kv_heads"])
-    target = 4 * (sms or num_sms())
+    target = per_sm * (sms or num_sms())
     want = -(-target // programs)
     return _clamp(want, 1, _clamp(traits["kv_len"] // 256, 1, 32))
 
 
 def decode_default_config(traits: Traits) -> Config:
+    """Hopper-minded default: 64-token tiles (page-aligned when the page size allows, see
+    the page-block fast path), 4 warps, 3 stages (two tiles of K/V in flight per program),
+    ~8 programs per SM."""
     head_dim = traits["head_dim"]
+    page_size = traits.get("page_size", 16)
+    block_n = 64 if head_dim <= 128 else 32
+    if head_dim <= 128 and page_size % 128 == 0 and traits["kv_len"] >= 8192:
+        block_n = 128  # long contexts on big pages: fewer, larger page-aligned tiles
     return {
-        "block_n": 64 if head_dim <= 128 else 32,
+        "block_n": block_n,
         "num_warps": 4,
-        "num_stages": 2,
+        "num_stages": 3 if head_dim <= 128 else 2,
         "num_splits": decode_num_splits(traits),
     }
 
 
 def decode_config_space(traits: Traits) -> list[Config]:
     base = decode_num_splits(traits)
-    splits = sorted({s for s in (1, base // 2, base, base * 2, base * 4) if 1 <= s <= 64})
+    splits = sorted({s for s in (1, base // 4, base // 2, base, base * 2) if 1 <= s <= 64})
     return _grid(
-        block_n=[32, 64, 128],
+        block_n=[16, 32, 64, 128],
         num_warps=[4, 8],
-        num_stages=[1, 2, 3, 4],
+        num_stages=[2, 3, 4],
         num_splits=splits,
     )
 
@@ -141,6 +150,7 @@ def extend_default_config(traits: Traits) -> Config:
 
 
 def extend_config_space(traits: Traits) -> list[Config]:
+    """Includes the Hopper shapes (128x128 tiles, 8 warps, 3-4 stages) tuning should try."""
     return [
         c
         for c in _grid(
@@ -150,12 +160,40 @@ def extend_config_space(traits: Traits) -> list[Config]:
     ]
 
 
+def sdpa_extend_default_config(traits: Traits) -> Config:
+    """Repeat KV heads in the gather (every SDPA backend, cuDNN included, takes that) unless
+    the expanded copy would be large (> ~1 GiB at bf16, 128k tokens x 32 heads x 128)."""
+    group = traits.get("group_size", 1)
+    heads = traits.get("num_kv_heads", 8) * group
+    expanded = traits.get("num_tokens", 0) * heads * traits.get("head_dim", 128) * 2 * 2
+    return {"gqa": "expand" if group == 1 or expanded <= (1 << 30) else "native"}
+
+
+def sdpa_extend_config_space(traits: Traits) -> list[Config]:
+    return _grid(gqa=["expand", "native"])
+
+
 # -- fused MoE -------------------------------------------------------------------------------
 
 
 def moe_default_config(traits: Traits) -> Config:
-    """Small blocks when few tokens reach each expert (weight-read bound), large when many."""
-    per_expert = traits["num_tokens"] * traits["top_k"] / max(1, traits["num_experts"])
+    """By shape bucket of the routed pairs (``tokens * top_k``) per expert.
+
+    Few tokens per expert is a weight-streaming problem: every touched expert's weights are
+    read once whatever the block sizes, so what matters is how many programs share that
+    read. ``block_n`` 32 doubles the gate/up programs (and halves each one's stream) over
+    64, and the down projection (K = intermediate, usually short) keeps 64-wide N tiles with
+    the full K in 1-2 steps. With many tokens per expert the GEMMs become compute bound and
+    want big tiles.
+    """
+    pairs = traits["num_tokens"] * traits["top_k"]
+    per_expert = pairs / max(1, traits["num_experts"])
+    if per_expert <= 16 and pairs <= 64:
+        # Decode-sized batches (1-8 tokens at top-8): spread each expert over many programs.
+        return {
+            "block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4,
+            "down_block_n": 64, "down_block_k": 128,
+        }  # fmt: skip
     if per_expert <= 16:
         return {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3}
     if per_expert <= 64:
@@ -166,9 +204,10 @@ def moe_default_config(traits: Traits) -> Config:
 def moe_config_space(traits: Traits) -> list[Config]:
     per_expert = traits["num_tokens"] * traits["top_k"] / max(1, traits["num_experts"])
     ms = [16, 32] if per_expert <= 16 else [16, 32, 64, 128]
+    ns = [16, 32, 64] if per_expert <= 16 else [32, 64, 128]
     return _grid(
         block_m=ms,
-        block_n=[32, 64, 128],
+        block_n=ns,
         block_k=[64, 128],
         num_warps=[4, 8],
         num_stages=[2, 3, 4],

@@ -3,7 +3,10 @@
 Grid: (request, KV head, split). A program loads the query heads of one KV group as a
 ``[BLOCK_H, D]`` tile (BLOCK_H >= 16 so ``tl.dot`` runs on tensor cores), streams its
 split's share of the request's K/V once (``BLOCK_N`` tokens per step, gathered through
-the block table, any page size), and keeps an online softmax. With one split it writes
+the block table, any page size), and keeps an online softmax. When the page size is a
+multiple of ``BLOCK_N`` (page-block fast path) a tile never straddles a page: one block-table
+lookup per tile and a contiguous ``[BLOCK_N, D]`` load, instead of a page id per token.
+Whole tiles run without bounds masks; only a split's last, ragged tile is masked. With one split it writes
 the output directly; with several it writes per-split partial outputs and log-sum-exps
 that a merge kernel combines. Split boundaries come from each request's own length, so
 short requests do not leave splits idle; the split count itself comes from shapes only.
@@ -25,11 +28,62 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _decode_tile(
+    acc, m_i, l_i, q, n0, end, b, kv_head,
+    k_cache_ptr, v_cache_ptr, block_table_ptr,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
+    qk_scale,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    head_dim: tl.constexpr, v_head_dim: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    """One ``BLOCK_N``-token step of the online softmax over tokens ``[n0, n0 + BLOCK_N)``."""
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    pos = n0 + tl.arange(0, BLOCK_N)
+    tok_ok = (pos < end) | (not MASKED)
+    if PAGE_SIZE % BLOCK_N == 0:
+        # Page-block fast path: the tile sits inside one page (tiles start at multiples of
+        # BLOCK_N), so one block-table lookup gives a contiguous [BLOCK_N, D] slab.
+        page = tl.load(block_table_ptr + b * stride_bt + n0 // PAGE_SIZE).to(tl.int64)
+        rows = (n0 % PAGE_SIZE) + tl.arange(0, BLOCK_N)
+        k_rows = k_cache_ptr + page * stride_kp + kv_head * stride_kh + rows * stride_ks
+        v_rows = v_cache_ptr + page * stride_vp + kv_head * stride_vh + rows * stride_vs
+    else:
+        # Token gather: several pages per tile (or pages smaller than a tile).
+        page = tl.load(block_table_ptr + b * stride_bt + pos // PAGE_SIZE, mask=tok_ok, other=0)
+        page = page.to(tl.int64)
+        offset = pos % PAGE_SIZE
+        k_rows = k_cache_ptr + page * stride_kp + offset * stride_ks + kv_head * stride_kh
+        v_rows = v_cache_ptr + page * stride_vp + offset * stride_vs + kv_head * stride_vh
+    k = tl.load(
+        k_rows[:, None] + d[None, :],
+        mask=tok_ok[:, None] & (d[None, :] < head_dim),
+        other=0.0,
+    )
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
+    if MASKED:
+        scores = tl.where(tok_ok[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(scores - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(
+        v_rows[:, None] + dv[None, :],
+        mask=tok_ok[:, None] & (dv[None, :] < v_head_dim),
+        other=0.0,
+    )
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
     qk_scale,
-    group_size, page_size,
+    group_size,
     stride_qb, stride_qh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
@@ -37,7 +91,7 @@ def _decode_split_kernel(
     stride_ob, stride_oh,
     stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
-    head_dim: tl.constexpr, v_head_dim: tl.constexpr,
+    head_dim: tl.constexpr, v_head_dim: tl.constexpr, PAGE_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -55,6 +109,8 @@ def _decode_split_kernel(
     per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
+    # Whole tiles need no bounds mask; at most one ragged tile is left at the end.
+    full_end = tl.maximum(start + (end - start) // BLOCK_N * BLOCK_N, start)
 
     q = tl.load(
         q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
@@ -65,32 +121,22 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
 
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        tok_ok = pos < end
-        page = tl.load(block_table_ptr + b * stride_bt + pos // page_size, mask=tok_ok, other=0)
-        page = page.to(tl.int64)
-        offset = pos % page_size
-        k = tl.load(
-            k_cache_ptr + page[:, None] * stride_kp + offset[:, None] * stride_ks
-            + kv_head * stride_kh + d[None, :],
-            mask=tok_ok[:, None] & (d[None, :] < head_dim),
-            other=0.0,
+    for n0 in range(start, full_end, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(
+            acc, m_i, l_i, q, n0, end, b, kv_head,
+            k_cache_ptr, v_cache_ptr, block_table_ptr,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
+            qk_scale, False, DOT_PRECISION, head_dim, v_head_dim, PAGE_SIZE,
+            BLOCK_N, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 domain
-        scores = tl.where(tok_ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            v_cache_ptr + page[:, None] * stride_vp + offset[:, None] * stride_vs
-            + kv_head * stride_vh + dv[None, :],
-            mask=tok_ok[:, None] & (dv[None, :] < v_head_dim),
-            other=0.0,
+    for n0 in range(full_end, end, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(
+            acc, m_i, l_i, q, n0, end, b, kv_head,
+            k_cache_ptr, v_cache_ptr, block_table_ptr,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
+            qk_scale, True, DOT_PRECISION, head_dim, v_head_dim, PAGE_SIZE,
+            BLOCK_N, BLOCK_D, BLOCK_DV,
         )  # fmt: skip
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
 
     has_tokens = l_i > 0
     out = acc / tl.where(has_tokens, l_i, 1.0)[:, None]
@@ -166,6 +212,7 @@ def paged_decode_attention(
                 "batch": batch,
                 "num_kv_heads": num_kv_heads,
                 "kv_len": block_tables.shape[1] * page_size,
+                "page_size": page_size,
             }
         )
     splits = int(config["num_splits"])
@@ -184,7 +231,7 @@ def paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens,
         out, part_out, part_lse,
         scale * _LOG2E,
-        group, k_cache.shape[1],
+        group,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -194,6 +241,7 @@ def paged_decode_attention(
         part_lse.stride(0), part_lse.stride(1),
         head_dim=head_dim,
         v_head_dim=v_head_dim,
+        PAGE_SIZE=k_cache.shape[1],
         NUM_SPLITS=splits,
         DOT_PRECISION=dot_precision(q.dtype),
         BLOCK_H=max(16, triton.next_power_of_2(group)),

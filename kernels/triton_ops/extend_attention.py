@@ -4,7 +4,12 @@ Flash-attention style: a program owns ``BLOCK_M`` new tokens of one request and 
 head and streams that request's K/V (prefix and new tokens alike, all read from the paged
 cache) in ``BLOCK_N`` steps with an online softmax. With causal masking the K/V range is
 split in two loops: tiles wholly before the first query's position need no mask; only the
-diagonal tiles do.
+diagonal tiles do. When the page size is a multiple of ``BLOCK_N`` each K/V tile sits inside
+one page and is loaded with a single block-table lookup (page-block path).
+
+Scores are kept in the log2 domain (``qk_scale = scale * log2(e)``, ``exp2``), the
+accumulator in float32. The untuned default is the measured one (128x64 tiles, 8 warps, 3
+stages for long prompts); the tuning space has the Hopper candidates (128x128, 3-4 stages).
 
 The ragged batch is flattened into one grid axis of query blocks. Which request and which
 of its blocks a grid index means is computed on the device (``_block_schedule``), from an
@@ -30,11 +35,11 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _attend_tile(
     acc, m_i, l_i, q, n0, kv_len, q_pos, b,
-    k_cache_ptr, v_cache_ptr, block_table_ptr, page_size, kv_head,
+    k_cache_ptr, v_cache_ptr, block_table_ptr, kv_head,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
     qk_scale,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    head_dim: tl.constexpr, v_head_dim: tl.constexpr,
+    head_dim: tl.constexpr, v_head_dim: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
     pos = n0 + tl.arange(0, BLOCK_N)
@@ -42,15 +47,23 @@ def _attend_tile(
     dv = tl.arange(0, BLOCK_DV)
     # Unmasked tiles lie wholly inside [0, kv_len): their loads need no bounds check.
     tok_ok = (pos < kv_len) | (not MASKED)
-    page = tl.load(block_table_ptr + b * stride_bt + pos // page_size, mask=tok_ok, other=0)
-    page = page.to(tl.int64)
-    offset = pos % page_size
+    if PAGE_SIZE % BLOCK_N == 0:
+        # Page-aligned tile (tiles start at multiples of BLOCK_N): one block-table lookup.
+        page = tl.load(block_table_ptr + b * stride_bt + n0 // PAGE_SIZE).to(tl.int64)
+        offset = (n0 % PAGE_SIZE) + tl.arange(0, BLOCK_N)
+        k_rows = k_cache_ptr + page * stride_kp + offset * stride_ks + kv_head * stride_kh
+        v_rows = v_cache_ptr + page * stride_vp + offset * stride_vs + kv_head * stride_vh
+    else:
+        page = tl.load(block_table_ptr + b * stride_bt + pos // PAGE_SIZE, mask=tok_ok, other=0)
+        page = page.to(tl.int64)
+        offset = pos % PAGE_SIZE
+        k_rows = k_cache_ptr + page * stride_kp + offset * stride_ks + kv_head * stride_kh
+        v_rows = v_cache_ptr + page * stride_vp + offset * stride_vs + kv_head * stride_vh
     k = tl.load(
-        k_cache_ptr + page[:, None] * stride_kp + offset[:, None] * stride_ks
-        + kv_head * stride_kh + d[None, :],
+        k_rows[:, None] + d[None, :],
         mask=tok_ok[:, None] & (d[None, :] < head_dim),
         other=0.0,
-    )  # fmt: skip
+    )
     scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         visible = tok_ok[None, :]
@@ -63,11 +76,10 @@ def _attend_tile(
     p = tl.exp2(scores - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = tl.load(
-        v_cache_ptr + page[:, None] * stride_vp + offset[:, None] * stride_vs
-        + kv_head * stride_vh + dv[None, :],
+        v_rows[:, None] + dv[None, :],
         mask=tok_ok[:, None] & (dv[None, :] < v_head_dim),
         other=0.0,
-    )  # fmt: skip
+    )
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
@@ -77,13 +89,13 @@ def _extend_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, cu_seqlens_ptr, seq_lens_ptr,
     block_req_ptr, block_idx_ptr, out_ptr,
     qk_scale,
-    group_size, page_size,
+    group_size,
     stride_qt, stride_qh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
     stride_bt,
     stride_ot, stride_oh,
-    head_dim: tl.constexpr, v_head_dim: tl.constexpr,
+    head_dim: tl.constexpr, v_head_dim: tl.constexpr, PAGE_SIZE: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -124,17 +136,17 @@ def _extend_kernel(
         for n0 in range(0, free_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
                 acc, m_i, l_i, q, n0, kv_len, q_pos, b,
-                k_cache_ptr, v_cache_ptr, block_table_ptr, page_size, kv_head,
+                k_cache_ptr, v_cache_ptr, block_table_ptr, kv_head,
                 stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
-                qk_scale, False, CAUSAL, DOT_PRECISION, head_dim, v_head_dim,
+                qk_scale, False, CAUSAL, DOT_PRECISION, head_dim, v_head_dim, PAGE_SIZE,
                 BLOCK_N, BLOCK_D, BLOCK_DV,
             )  # fmt: skip
         for n0 in range(free_end, kv_end, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
                 acc, m_i, l_i, q, n0, kv_len, q_pos, b,
-                k_cache_ptr, v_cache_ptr, block_table_ptr, page_size, kv_head,
+                k_cache_ptr, v_cache_ptr, block_table_ptr, kv_head,
                 stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
-                qk_scale, True, CAUSAL, DOT_PRECISION, head_dim, v_head_dim,
+                qk_scale, True, CAUSAL, DOT_PRECISION, head_dim, v_head_dim, PAGE_SIZE,
                 BLOCK_N, BLOCK_D, BLOCK_DV,
             )  # fmt: skip
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -195,13 +207,13 @@ def paged_extend_attention(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens,
         block_req, block_idx, out,
         scale * _LOG2E,
-        num_q_heads // num_kv_heads, k_cache.shape[1],
+        num_q_heads // num_kv_heads,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
-        head_dim=head_dim, v_head_dim=v_head_dim,
+        head_dim=head_dim, v_head_dim=v_head_dim, PAGE_SIZE=k_cache.shape[1],
         CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype),
         BLOCK_M=block_m, BLOCK_N=int(cfg["block_n"]),
         BLOCK_D=triton.next_power_of_2(head_dim),

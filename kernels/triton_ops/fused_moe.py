@@ -10,6 +10,10 @@
    row per pair; the ``top_k`` rows of a token are summed in float32 afterwards (a plain
    reduction rather than atomics, so results are deterministic).
 
+The launch config may give the down projection its own ``down_block_n``/``down_block_k``
+(decode-sized batches split the gate/up weights into narrower N tiles than the down ones, so
+each touched expert's weight stream is shared by more programs).
+
 The grids have static upper bounds, ``cdiv(T*k, BLOCK_M) + min(E, T*k)`` blocks; blocks past
 the real count read an out-of-range expert id and exit.
 """
@@ -175,11 +179,14 @@ def fused_moe(
         **launch,
     )  # fmt: skip
     pair_out = torch.empty((pairs, hidden), dtype=x.dtype, device=x.device)
-    _down_kernel[(num_blocks, triton.cdiv(hidden, block_n))](
+    # The down projection may take its own tile (its K is the short intermediate dim).
+    down_n = int(cfg.get("down_block_n", block_n))
+    down_k = int(cfg.get("down_block_k", block_k))
+    _down_kernel[(num_blocks, triton.cdiv(hidden, down_n))](
         act, w2, pair_out, weights, sorted_ids, block_expert,
         pairs, num_experts, hidden, inter,
         act.stride(0), w2.stride(0), w2.stride(1), pair_out.stride(0),
-        DOT_PRECISION=precision, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        DOT_PRECISION=precision, BLOCK_M=block_m, BLOCK_N=down_n, BLOCK_K=down_k,
         **launch,
     )  # fmt: skip
     if top_k == 1:
