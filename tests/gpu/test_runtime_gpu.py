@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "runtime"))
 
 
 def test_executor_parity_on_cuda(tmp_path):
-    from helpers import (
+    from runtime_helpers import (
         hf_greedy,
         hf_model,
         make_prompts,
@@ -77,7 +77,7 @@ def test_dummy_qwen3_8b_generates_on_cuda():
 
 
 def test_cuda_graph_decode_matches_eager(tmp_path):
-    from helpers import make_prompts, make_tiny_checkpoint, run_without_scheduler
+    from runtime_helpers import make_prompts, make_tiny_checkpoint, run_without_scheduler
 
     from tokenspeed.runtime.model_executor import ExecutorConfig, ModelExecutor
 
