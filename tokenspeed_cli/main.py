@@ -9,7 +9,10 @@ from importlib.metadata import PackageNotFoundError, version
 
 import typer
 
-from tokenspeed_cli import recipes, serve
+from tokenspeed_cli import bench, recipes, serve
+from tokenspeed_cli.inspect_cache import inspect_cache
+from tokenspeed_cli.kv_events.cli import replay_kv_events
+from tokenspeed_cli.top import top
 from tokenspeed_cli.tune_kernels import tune_kernels
 
 app = typer.Typer(
@@ -50,9 +53,12 @@ def root(
 
 
 app.add_typer(recipes.app, name="recipes")
+app.add_typer(bench.app, name="bench")
+app.command("top")(top)
+app.command("inspect-cache")(inspect_cache)
+app.command("replay-kv-events")(replay_kv_events)
 app.command("tune-kernels")(tune_kernels)
-# Hidden until the HTTP server lands: today it resolves, prints and saves configurations.
-app.command("serve", hidden=True)(serve.serve)
+app.command("serve")(serve.serve)
 
 
 def main() -> None:
