@@ -355,7 +355,10 @@ class ServerArgs:
 # Options declared above whose non-default values this build cannot honour yet. Each entry
 # disappears when the feature lands; `serve` refuses to start with any of them.
 _NOT_IN_THIS_BUILD: dict[str, tuple[Callable[[ServerArgs], bool], str]] = {
-    "kv_cache_dtype": (lambda a: a.kv_cache_dtype != "auto", "FP8 KV cache is not built yet"),
+    "kv_cache_dtype": (
+        lambda a: a.kv_cache_dtype == "fp8_e5m2",
+        "the FP8 KV cache is e4m3 (fp8, fp8_e4m3) and exists for MLA models only",
+    ),
     "tensor_parallel_size": (
         lambda a: a.tensor_parallel_size > 1,
         "multi-GPU tensor parallelism is not built yet",

@@ -1,9 +1,18 @@
 """Paged KV storage on the device, its host (CPU) tier, and how big to make them.
 
-Device layout per layer: ``k [P + 1, page_size, Hk, D]`` and ``v`` alike. The scheduler is
-told about ``P`` pages; the extra last page is scratch, where padded CUDA-graph rows write and
-read so they never touch a live page. The host tier has the same per-layer layout in pinned
-memory so page copies are plain indexed copies over PCIe.
+Two layouts sit behind one pool interface:
+
+* ``KVLayout`` (MHA/GQA): per layer ``k [P + 1, page_size, Hk, D]`` and ``v`` alike.
+* ``MLALayout`` (DeepSeek MLA): per layer one latent vector per token,
+  ``kv [P + 1, page_size, kv_lora_rank + rope_dim]`` (576 for DeepSeek-V3) holding
+  ``[compressed kv | rotated shared rope key]``; an FP8 cache adds a per-token float32
+  scale ``[P + 1, page_size]`` (the layout ``tokenspeed.mla`` writes and reads).
+
+A layout lists the per-page tensors of one layer (``page_shapes``); pools allocate one tensor
+per (layer, entry) and expose them flat as ``buffers``, so sizing, write-back and load-back
+are layout-agnostic. The scheduler is told about ``P`` pages; the extra last page is scratch,
+where padded CUDA-graph rows write and read so they never touch a live page. The host tier
+has the same per-layer tensors in pinned memory so page copies are plain indexed copies.
 """
 
 from __future__ import annotations
@@ -14,10 +23,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+PageShapes = list[tuple[tuple[int, ...], torch.dtype]]
+
+
+def _bytes_per_page(shapes: PageShapes, num_layers: int) -> int:
+    total = 0
+    for shape, dtype in shapes:
+        total += math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return total * num_layers
+
 
 @dataclass(frozen=True)
 class KVLayout:
-    """Shape facts of the cache: enough to size it without allocating it."""
+    """MHA/GQA cache shape facts: enough to size it without allocating it."""
 
     num_layers: int
     num_kv_heads: int
@@ -26,15 +44,58 @@ class KVLayout:
     page_size: int
     dtype: torch.dtype
 
+    def page_shapes(self) -> PageShapes:
+        """Per-page shape and dtype of each tensor one layer holds: K then V."""
+        s, h = self.page_size, self.num_kv_heads
+        return [((s, h, self.head_dim), self.dtype), ((s, h, self.v_head_dim), self.dtype)]
+
     @property
     def bytes_per_page(self) -> int:
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        per_token = self.num_kv_heads * (self.head_dim + self.v_head_dim) * elem
-        return per_token * self.page_size * self.num_layers
+        return _bytes_per_page(self.page_shapes(), self.num_layers)
+
+
+FP8_KV_DTYPES = (torch.float8_e4m3fn,)
+
+
+@dataclass(frozen=True)
+class MLALayout:
+    """MLA latent cache shape facts: one ``kv_lora_rank + rope_dim`` vector per token per layer.
+
+    ``dtype`` is the storage dtype: the model dtype, or ``float8_e4m3fn``, which adds a
+    float32 scale per token (quantized on store, dequantized by the attention kernels).
+    """
+
+    num_layers: int
+    kv_lora_rank: int
+    rope_dim: int
+    page_size: int
+    dtype: torch.dtype
+
+    @property
+    def latent_dim(self) -> int:
+        return self.kv_lora_rank + self.rope_dim
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype in FP8_KV_DTYPES
+
+    def page_shapes(self) -> PageShapes:
+        """Per-page tensors of one layer: the latent vectors, then (FP8 only) their scales."""
+        shapes: PageShapes = [((self.page_size, self.latent_dim), self.dtype)]
+        if self.is_fp8:
+            shapes.append(((self.page_size,), torch.float32))
+        return shapes
+
+    @property
+    def bytes_per_page(self) -> int:
+        return _bytes_per_page(self.page_shapes(), self.num_layers)
+
+
+AnyKVLayout = KVLayout | MLALayout
 
 
 def pages_for_budget(
-    layout: KVLayout, max_total_tokens: int | None, memory_bytes: int | None
+    layout: AnyKVLayout, max_total_tokens: int | None, memory_bytes: int | None
 ) -> int:
     """Device pages from a token budget (wins) or a byte budget."""
     if max_total_tokens:
@@ -64,50 +125,98 @@ def cuda_kv_budget_bytes(
     return int(total * gpu_memory_utilization - peak_torch_bytes - non_torch)
 
 
-class PagedKVPool:
-    """Per-layer K/V page buffers on the compute device."""
+class KVPool:
+    """Per-layer page buffers on the compute device; subclasses name them per layout."""
 
-    def __init__(self, layout: KVLayout, num_pages: int, device: torch.device) -> None:
+    def __init__(self, layout: AnyKVLayout, num_pages: int, device: torch.device) -> None:
         self.layout = layout
         self.num_pages = num_pages
         self.page_size = layout.page_size
         self.device = device
         self.scratch_page = num_pages
-        shape_k = (num_pages + 1, layout.page_size, layout.num_kv_heads, layout.head_dim)
-        shape_v = (num_pages + 1, layout.page_size, layout.num_kv_heads, layout.v_head_dim)
-        self.k_buffers = [
-            torch.zeros(shape_k, dtype=layout.dtype, device=device)
-            for _ in range(layout.num_layers)
-        ]
-        self.v_buffers = [
-            torch.zeros(shape_v, dtype=layout.dtype, device=device)
+        # layer_buffers[layer][entry]: one tensor per entry of layout.page_shapes()
+        self.layer_buffers: list[list[torch.Tensor]] = [
+            [
+                torch.zeros((num_pages + 1, *shape), dtype=dtype, device=device)
+                for shape, dtype in layout.page_shapes()
+            ]
             for _ in range(layout.num_layers)
         ]
 
-    def layer_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(k_cache, v_cache)`` of one layer, ``[P + 1, page_size, Hk, D]`` each."""
-        return self.k_buffers[layer_id], self.v_buffers[layer_id]
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        """Every page tensor, entry-major (all layers' first entry, then the second, ...)."""
+        entries = len(self.layout.page_shapes())
+        return [layer[e] for e in range(entries) for layer in self.layer_buffers]
 
     @property
     def size_bytes(self) -> int:
         return self.layout.bytes_per_page * (self.num_pages + 1)
 
 
-class HostKVPool:
-    """The host tier: pinned CPU pages that retracted or evicted KV is written back to."""
+class PagedKVPool(KVPool):
+    """MHA/GQA pool: ``k_buffers[layer]``, ``v_buffers[layer]``, ``[P + 1, page_size, Hk, D]``."""
 
-    def __init__(self, layout: KVLayout, num_pages: int, pin: bool) -> None:
+    layout: KVLayout
+
+    def __init__(self, layout: KVLayout, num_pages: int, device: torch.device) -> None:
+        super().__init__(layout, num_pages, device)
+        self.k_buffers = [b[0] for b in self.layer_buffers]
+        self.v_buffers = [b[1] for b in self.layer_buffers]
+
+    def layer_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(k_cache, v_cache)`` of one layer, ``[P + 1, page_size, Hk, D]`` each."""
+        return self.k_buffers[layer_id], self.v_buffers[layer_id]
+
+
+class MLAKVPool(KVPool):
+    """MLA latent pool: ``kv_buffers[layer]`` ``[P + 1, page_size, latent_dim]`` (+ FP8 scales)."""
+
+    layout: MLALayout
+
+    def __init__(self, layout: MLALayout, num_pages: int, device: torch.device) -> None:
+        super().__init__(layout, num_pages, device)
+        self.kv_buffers = [b[0] for b in self.layer_buffers]
+        self.scale_buffers = [b[1] for b in self.layer_buffers] if layout.is_fp8 else None
+
+    def layer_cache(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(latent_cache [P + 1, S, D], per-token scale [P + 1, S] or None)`` of one layer."""
+        scale = self.scale_buffers[layer_id] if self.scale_buffers is not None else None
+        return self.kv_buffers[layer_id], scale
+
+
+def make_kv_pool(layout: AnyKVLayout, num_pages: int, device: torch.device) -> KVPool:
+    """The device pool class for a layout."""
+    if isinstance(layout, MLALayout):
+        return MLAKVPool(layout, num_pages, device)
+    return PagedKVPool(layout, num_pages, device)
+
+
+class HostKVPool:
+    """The host tier: pinned CPU pages that retracted or evicted KV is written back to.
+
+    Same tensors as the device pool of the layout (without the scratch page), in the same
+    ``buffers`` order, so page copies pair them up one to one.
+    """
+
+    def __init__(self, layout: AnyKVLayout, num_pages: int, pin: bool) -> None:
         self.layout = layout
         self.num_pages = num_pages
-        shape_k = (num_pages, layout.page_size, layout.num_kv_heads, layout.head_dim)
-        shape_v = (num_pages, layout.page_size, layout.num_kv_heads, layout.v_head_dim)
 
-        def alloc(shape: tuple[int, ...]) -> torch.Tensor:
-            t = torch.zeros(shape, dtype=layout.dtype)
+        def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            t = torch.zeros((num_pages, *shape), dtype=dtype)
             return t.pin_memory() if pin else t
 
-        self.k_buffers = [alloc(shape_k) for _ in range(layout.num_layers)]
-        self.v_buffers = [alloc(shape_v) for _ in range(layout.num_layers)]
+        self.buffers = [
+            alloc(shape, dtype)
+            for shape, dtype in layout.page_shapes()
+            for _ in range(layout.num_layers)
+        ]
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """FP8 pages are copied as bytes (CPU ``index_copy_`` has no float8 kernels)."""
+    return t.view(torch.uint8) if t.dtype in FP8_KV_DTYPES else t
 
 
 def _index(pages: object, device: torch.device) -> torch.Tensor:
@@ -117,7 +226,7 @@ def _index(pages: object, device: torch.device) -> torch.Tensor:
 
 
 def write_back(
-    device_pool: PagedKVPool, host_pool: HostKVPool, device_pages: object, host_pages: object
+    device_pool: KVPool, host_pool: HostKVPool, device_pages: object, host_pages: object
 ) -> None:
     """Copy device pages to host pages, all layers; returns once the host copy is complete.
 
@@ -130,17 +239,12 @@ def write_back(
         raise ValueError("write-back needs as many host pages as device pages")
     if dev_idx.numel() == 0:
         return
-    pairs = zip(
-        device_pool.k_buffers + device_pool.v_buffers,
-        host_pool.k_buffers + host_pool.v_buffers,
-        strict=True,
-    )
-    for dev, host in pairs:
-        host.index_copy_(0, host_idx, dev.index_select(0, dev_idx).cpu())
+    for dev, host in zip(device_pool.buffers, host_pool.buffers, strict=True):
+        _raw(host).index_copy_(0, host_idx, _raw(dev).index_select(0, dev_idx).cpu())
 
 
 def load_back(
-    host_pool: HostKVPool, device_pool: PagedKVPool, host_pages: object, device_pages: object
+    host_pool: HostKVPool, device_pool: KVPool, host_pages: object, device_pages: object
 ) -> None:
     """Copy host pages into device pages, all layers, on the current stream.
 
@@ -153,13 +257,8 @@ def load_back(
     if dev_idx.numel() == 0:
         return
     non_blocking = device_pool.device.type == "cuda"
-    pairs = zip(
-        host_pool.k_buffers + host_pool.v_buffers,
-        device_pool.k_buffers + device_pool.v_buffers,
-        strict=True,
-    )
-    for host, dev in pairs:
-        staged = host.index_select(0, host_idx)
+    for host, dev in zip(host_pool.buffers, device_pool.buffers, strict=True):
+        staged = _raw(host).index_select(0, host_idx)
         if non_blocking:
             staged = staged.pin_memory()
-        dev.index_copy_(0, dev_idx, staged.to(device_pool.device, non_blocking=non_blocking))
+        _raw(dev).index_copy_(0, dev_idx, staged.to(device_pool.device, non_blocking=non_blocking))

@@ -17,11 +17,12 @@ import torch
 from tokenspeed.runtime.cuda_graph_runner import CudaGraphRunner
 from tokenspeed.runtime.forward_batch import ForwardBatch, ForwardMode, make_forward_batch
 from tokenspeed.runtime.kv_pool import (
+    AnyKVLayout,
     HostKVPool,
     KVLayout,
-    PagedKVPool,
     cuda_kv_budget_bytes,
     load_back,
+    make_kv_pool,
     pages_for_budget,
     write_back,
 )
@@ -30,6 +31,7 @@ from tokenspeed.runtime.model_loader import HFConfig, load_model
 from tokenspeed.runtime.sampling import SamplingParams, SamplingState, sample
 
 _KV_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_FP8_KV_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -114,15 +116,8 @@ class ModelExecutor:
         cfg: HFConfig = self.hf_config
         self.max_model_len = int(config.max_model_len or cfg.max_position_embeddings)
         self.page_size = int(config.page_size)
-        self.layout = KVLayout(
-            num_layers=cfg.num_layers,
-            num_kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-            v_head_dim=cfg.head_dim,
-            page_size=self.page_size,
-            dtype=self._kv_dtype(config.kv_cache_dtype),
-        )
-        self.kv_pool = PagedKVPool(self.layout, self._num_device_pages(), self.device)
+        self.layout = self._kv_layout(cfg, config.kv_cache_dtype)
+        self.kv_pool = make_kv_pool(self.layout, self._num_device_pages(), self.device)
         pin = self.device.type == "cuda"
         host_pages = config.num_host_pages
         if host_pages is None:
@@ -148,11 +143,34 @@ class ModelExecutor:
             self.graph_runner = runner
 
     # ---- sizing -------------------------------------------------------------------------
-    def _kv_dtype(self, name: str) -> torch.dtype:
+    def _kv_layout(self, cfg: HFConfig, kv_cache_dtype: str) -> AnyKVLayout:
+        """The model's own cache layout (MLA latent) if it declares one, else paged MHA."""
+        model_layout = getattr(self.model, "kv_cache_layout", None)
+        dtype = self._kv_dtype(kv_cache_dtype, latent=model_layout is not None)
+        if model_layout is not None:
+            return model_layout(self.page_size, dtype)
+        return KVLayout(
+            num_layers=cfg.num_layers,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            v_head_dim=cfg.head_dim,
+            page_size=self.page_size,
+            dtype=dtype,
+        )
+
+    def _kv_dtype(self, name: str, latent: bool = False) -> torch.dtype:
+        """``--kv-cache-dtype``: FP8 (e4m3, per-token scales) exists for the MLA latent cache."""
         if name == "auto":
             return self.dtype
         if name in _KV_DTYPES:
             return _KV_DTYPES[name]
+        if latent and name in _FP8_KV_DTYPES:
+            return _FP8_KV_DTYPES[name]
+        if latent:
+            raise ValueError(
+                f"kv cache dtype {name!r} is not supported by the MLA latent cache "
+                f"(use auto, {' or '.join(_FP8_KV_DTYPES)})"
+            )
         raise ValueError(
             f"kv cache dtype {name!r} is not supported by the paged backend yet (use auto)"
         )
@@ -171,7 +189,7 @@ class ModelExecutor:
         """Run the largest step the scheduler may plan on a throwaway pool; return torch's peak."""
         tokens = int(min(self.config.chunked_prefill_size, self.max_model_len))
         pages = -(-tokens // self.page_size)
-        pool = PagedKVPool(self.layout, pages, self.device)
+        pool = make_kv_pool(self.layout, pages, self.device)
         backend = create_attention_backend(self.config.attention_backend, pool)
         op = _SyntheticOp.prefill(tokens, pages, self.page_size)
         torch.cuda.synchronize(self.device)

@@ -105,5 +105,10 @@ def load_model(
         init_dummy_weights(model, seed)
     else:
         model.load_weights(iter_safetensors(files))  # type: ignore[operator]
+    # Derived weights (MLA's absorbed W_UK / W_UV) are built once the real ones are final.
+    post_load = getattr(model, "process_weights_after_loading", None)
+    if post_load is not None:
+        with torch.no_grad():
+            post_load()
     model.eval()
     return model, cfg, torch_dtype

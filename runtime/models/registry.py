@@ -5,10 +5,13 @@ from __future__ import annotations
 from torch import nn
 
 from tokenspeed.runtime.model_loader.errors import ModelLoadError
+from tokenspeed.runtime.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from tokenspeed.runtime.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from tokenspeed.runtime.models.qwen3 import Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,

@@ -1,0 +1,182 @@
+"""The MLA attention backend: latent KV pages, ``tokenspeed.mla`` prefill and decode.
+
+Same interface as the paged MHA backend; for MLA the arguments mean
+``forward_extend(q [T, H, nope+rope], kv_c [T, R], k_pe [T, rope], layer, batch) -> [T, H, v]``
+and ``forward_decode(q_latent [B, H, R+rope], kv_c, k_pe, layer, batch) -> [B, H, R]``, where
+``layer`` is the ``MLAAttention`` core (it decompresses latents and holds the absorbed weights).
+
+Extend steps gather each request's cached prefix latents from its pages, put them in front of
+the new tokens' latents as one ragged pack (no padding), decompress the pack through
+``kv_b_proj`` and run ``mla_prefill`` with the causal block aligned to the end. The new
+tokens' latents are used as computed (not read back from the cache), so an FP8 cache only
+rounds the prefix. The gather indices are built once per step on the host from the step's
+lengths (no device sync), then shared by every layer.
+
+Decode steps are the paged backend's metadata (block tables + sequence lengths), so the
+CUDA-graph hooks are inherited unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from tokenspeed import kernels, mla
+from tokenspeed.runtime.layers.attention.paged import PagedAttentionBackend
+
+if TYPE_CHECKING:
+    from tokenspeed.runtime.forward_batch import ForwardBatch
+    from tokenspeed.runtime.kv_pool import MLAKVPool
+    from tokenspeed.runtime.layers.mla import MLAAttention
+
+
+@dataclass
+class MLAExtendMetadata:
+    """Where each request's KV rows come from in the ragged ``[prefix | new]`` pack."""
+
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32
+    cu_seqlens_kv: torch.Tensor  # [B + 1] int32
+    total_kv: int
+    max_seqlen_q: int
+    max_seqlen_kv: int
+    prefix_slots: torch.Tensor | None  # [Np] int64 cache slots of the cached prefix tokens
+    prefix_rows: torch.Tensor | None  # [Np] int64 their rows in the pack
+    new_rows: torch.Tensor | None  # [T] int64 rows of the new tokens; None: pack == new tokens
+
+
+def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(request of each element, index within its request)`` for ragged ``lengths``."""
+    total = int(lengths.sum())
+    owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    starts = np.cumsum(lengths) - lengths
+    return owner, np.arange(total, dtype=np.int64) - starts[owner]
+
+
+class MLAAttentionBackend(PagedAttentionBackend):
+    """Stores latents with ``mla_store_kv``; prefill decompressed, decode absorbed."""
+
+    name = "mla"
+    kv_pool: MLAKVPool
+
+    def __init__(self, kv_pool: MLAKVPool, solution: str | None = None) -> None:
+        super().__init__(kv_pool, None)
+        modes = ("mla.decode", "mla.prefill", "mla.store_kv")
+        self._mla_override = {m: solution for m in modes} if solution else None
+
+    def _forced(self) -> contextlib.AbstractContextManager[None]:
+        if self._mla_override is None:
+            return contextlib.nullcontext()
+        return kernels.kernel_override(self._mla_override)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        super().init_forward_metadata(batch)
+        if batch.mode.is_decode():
+            return
+        dev = batch.input_ids.device
+        seq, prefix = batch.seq_lens_np, batch.prefix_lens_np
+        cu_kv = np.zeros(len(seq) + 1, dtype=np.int64)
+        np.cumsum(seq, out=cu_kv[1:])
+        prefix_slots = prefix_rows = new_rows = None
+        if int(prefix.sum()) > 0:
+            page = self.kv_pool.page_size
+            owner, pos = _ragged(prefix)
+            owner_t = torch.from_numpy(owner).to(dev)
+            pos_t = torch.from_numpy(pos).to(dev)
+            pages = batch.block_tables[owner_t, pos_t // page].long()
+            prefix_slots = pages * page + pos_t % page
+            prefix_rows = torch.from_numpy(cu_kv[owner] + pos).to(dev)
+            owner, j = _ragged(batch.extend_lens_np)
+            new_rows = torch.from_numpy(cu_kv[owner] + prefix[owner] + j).to(dev)
+        batch.attn_metadata = MLAExtendMetadata(
+            cu_seqlens_q=batch.cu_seqlens_q,
+            cu_seqlens_kv=torch.from_numpy(cu_kv.astype(np.int32)).to(dev),
+            total_kv=int(cu_kv[-1]),
+            max_seqlen_q=batch.max_extend_len,
+            max_seqlen_kv=batch.max_seq_len,
+            prefix_slots=prefix_slots,
+            prefix_rows=prefix_rows,
+            new_rows=new_rows,
+        )
+
+    def _store(  # type: ignore[override]
+        self, kv_c: torch.Tensor, k_pe: torch.Tensor, layer: MLAAttention, batch: ForwardBatch
+    ) -> None:
+        cache, scale = self.kv_pool.layer_cache(layer.layer_id)
+        with self._forced():
+            mla.mla_store_kv(kv_c, k_pe, cache, batch.slot_mapping, kv_scale=scale)
+
+    def _gather_prefix(
+        self, layer: MLAAttention, slots: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Cached latents at ``slots`` as ``[N, R + rope]`` in ``dtype`` (FP8 dequantized)."""
+        cache, scale = self.kv_pool.layer_cache(layer.layer_id)
+        flat = cache.view(-1, cache.shape[-1])
+        rows = flat.index_select(0, slots)
+        if scale is None:
+            return rows.to(dtype)
+        return (rows.float() * scale.view(-1).index_select(0, slots)[:, None]).to(dtype)
+
+    def forward_extend(  # type: ignore[override]
+        self,
+        q: torch.Tensor,
+        kv_c: torch.Tensor,
+        k_pe: torch.Tensor,
+        layer: MLAAttention,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """``q [T, H, nope+rope]`` over each request's cached prefix + new tokens -> ``[T, H, v]``."""
+        self._store(kv_c, k_pe, layer, batch)
+        meta: MLAExtendMetadata = batch.attn_metadata
+        r = layer.kv_lora_rank
+        if meta.new_rows is None:  # no cached prefix anywhere: the new tokens are the pack
+            pack_c, pack_pe = kv_c, k_pe
+        else:
+            pack = q.new_empty(meta.total_kv, r + layer.qk_rope_head_dim)
+            assert meta.prefix_slots is not None and meta.prefix_rows is not None
+            pack[meta.prefix_rows] = self._gather_prefix(layer, meta.prefix_slots, q.dtype)
+            pack[meta.new_rows, :r] = kv_c
+            pack[meta.new_rows, r:] = k_pe
+            pack_c, pack_pe = pack[:, :r], pack[:, r:]
+        key, value = layer.decompress(pack_c, pack_pe)
+        with self._forced():
+            return mla.mla_prefill(
+                q,
+                key,
+                value,
+                meta.cu_seqlens_q,
+                meta.cu_seqlens_kv,
+                softmax_scale=layer.scale,
+                causal=True,
+                max_seqlen_q=meta.max_seqlen_q,
+                max_seqlen_kv=meta.max_seqlen_kv,
+            )
+
+    def forward_decode(  # type: ignore[override]
+        self,
+        q: torch.Tensor,
+        kv_c: torch.Tensor,
+        k_pe: torch.Tensor,
+        layer: MLAAttention,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """Latent query ``[B, H, R + rope]`` over the latent cache -> ``[B, H, R]``."""
+        self._store(kv_c, k_pe, layer, batch)
+        cache, scale = self.kv_pool.layer_cache(layer.layer_id)
+        block_tables, seq_lens, _ = batch.attn_metadata
+        with self._forced():
+            out = mla.mla_decode(
+                q.unsqueeze(1),
+                cache,
+                block_tables,
+                seq_lens,
+                layer.scale,
+                kv_scale=scale,
+                kv_lora_rank=layer.kv_lora_rank,
+                max_seq_len=batch.extras.get("max_seq_len"),
+            )
+        assert isinstance(out, torch.Tensor)
+        return out.squeeze(1)

@@ -1,0 +1,360 @@
+"""DeepSeek-V2/V3 (MLA + MoE) on the latent KV cache: parity with transformers.
+
+Tiny random checkpoints saved by transformers (float32, yarn RoPE with mscale, grouped
+routing with a random correction bias): greedy tokens through the real scheduler equal
+transformers' ``generate`` with chunked prefill, prefix-cache hits, retraction with a host
+tier; per-step logits from the executor within 1e-4; the V2 spelling (softmax routing, no q
+LoRA); an FP8 latent cache; MTP weights held; the shipped DeepSeek-V3 config with dummy
+weights.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from runtime_helpers import hf_greedy, hf_model, make_prompts, run_without_scheduler
+from safetensors.torch import save_file
+
+from tokenspeed.runtime import LLM, SamplingParams
+from tokenspeed.runtime.kv_pool import (
+    HostKVPool,
+    MLAKVPool,
+    MLALayout,
+    load_back,
+    make_kv_pool,
+    write_back,
+)
+from tokenspeed.runtime.model_executor import ExecutorConfig, ModelExecutor
+from tokenspeed.runtime.model_loader import ModelLoadError, load_model
+
+NUM_NEW = 16
+VARIANTS = ["v3", "v3_no_q_lora", "v2"]
+ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 128,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
+
+def make_deepseek_checkpoint(variant: str, path: Path) -> Path:
+    """A float32 random tiny DeepSeek checkpoint saved by transformers."""
+    import transformers as tf
+
+    common: dict[str, object] = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        vocab_size=320,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_parameters=dict(ROPE),
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    if variant == "v3":
+        config, cls = tf.DeepseekV3Config(**common), tf.DeepseekV3ForCausalLM
+    elif variant == "v3_no_q_lora":
+        config, cls = (
+            tf.DeepseekV3Config(**{**common, "q_lora_rank": None}),
+            tf.DeepseekV3ForCausalLM,
+        )
+    elif variant == "v2":  # V2-Lite style: no q LoRA, softmax routing limited to the best group
+        v2 = {**common, "q_lora_rank": None, "topk_method": "group_limited_greedy"}
+        config, cls = tf.DeepseekV2Config(**v2), tf.DeepseekV2ForCausalLM
+    else:
+        raise ValueError(variant)
+    torch.manual_seed(4321)
+    model = cls(config).to(torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+            elif "norm" in name:
+                p.uniform_(0.8, 1.2)
+            else:
+                p.normal_(0.0, 0.05)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # a buffer in transformers
+                b.normal_(0.0, 0.05)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ds_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("deepseek")
+    return {v: make_deepseek_checkpoint(v, root / v) for v in VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def ds_prompts() -> list[list[int]]:
+    return make_prompts(seed=3)
+
+
+@pytest.fixture(scope="module")
+def ds_references(ds_checkpoints, ds_prompts) -> dict[str, tuple]:
+    return {v: hf_greedy(hf_model(path), ds_prompts, NUM_NEW) for v, path in ds_checkpoints.items()}
+
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, logprobs=0)
+
+
+def make_llm(path: Path, **kw: object) -> LLM:
+    args: dict[str, object] = dict(
+        device="cpu", page_size=4, max_num_seqs=8, max_total_tokens=4096, seed=0
+    )
+    args.update(kw)
+    return LLM(str(path), **args)
+
+
+def tokens_of(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def assert_logprobs_match(outs, ref_logits, atol: float = 1e-4) -> None:
+    """The sampled token's logprob equals transformers' log-softmax at every step."""
+    for out, ref in zip(outs, ref_logits, strict=True):
+        comp = out.outputs[0]
+        ours = torch.tensor(
+            [step[t] for step, t in zip(comp.logprobs, comp.token_ids, strict=True)]
+        )
+        want = ref.log_softmax(-1).gather(1, torch.tensor(comp.token_ids)[:, None]).squeeze(1)
+        torch.testing.assert_close(ours, want, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_chunked_prefill_and_prefix_hits_match_transformers(
+    ds_checkpoints, ds_prompts, ds_references, variant
+):
+    """Chunked prefill (16-token budget), then prefix hits from the first call's pages."""
+    llm = make_llm(ds_checkpoints[variant], chunked_prefill_size=16, enable_prefix_caching=True)
+    assert type(llm.engine.executor.kv_pool) is MLAKVPool
+    ref_tokens, ref_logits = ds_references[variant]
+    first = llm.generate(ds_prompts[:4], GREEDY)
+    assert llm.engine.num_steps > NUM_NEW + 4  # prompts were split over several steps
+    second = llm.generate(ds_prompts, GREEDY)
+    assert tokens_of(first) == ref_tokens[:4]
+    assert tokens_of(second) == ref_tokens
+    assert_logprobs_match(first, ref_logits[:4])
+    assert_logprobs_match(second, ref_logits)
+    hits = [o.metrics.cache_tokens for o in second]
+    assert all(h > 0 for h in hits[:4])  # the repeated prompts reused their cached latents
+    assert llm.engine.stats()["prefix_cache_hit_tokens"] >= sum(hits)
+
+
+def test_whole_prompts_in_one_step_match_transformers(ds_checkpoints, ds_prompts, ds_references):
+    llm = make_llm(ds_checkpoints["v3"], enable_prefix_caching=False)
+    outs = llm.generate(ds_prompts, GREEDY)
+    assert tokens_of(outs) == ds_references["v3"][0]
+    assert_logprobs_match(outs, ds_references["v3"][1])
+
+
+def test_retraction_with_host_tier_matches_transformers(ds_checkpoints, ds_prompts, ds_references):
+    """Latent pages written back to the host tier and loaded again keep parity."""
+    llm = make_llm(
+        ds_checkpoints["v3"],
+        max_total_tokens=240,
+        enable_prefix_caching=True,
+        host_kv_cache_memory=4 << 20,
+    )
+    outs = llm.generate(ds_prompts, GREEDY)
+    assert tokens_of(outs) == ds_references["v3"][0]
+    ex = llm.engine.executor
+    assert llm.engine.stats()["num_preemptions"] > 0
+    assert ex.pages_written_back > 0 and ex.pages_loaded_back > 0
+
+
+def _executor(path: Path, **kw: object) -> ModelExecutor:
+    args: dict[str, object] = dict(
+        device="cpu", page_size=4, max_total_tokens=1024, max_num_seqs=8, seed=0
+    )
+    args.update(kw)
+    return ModelExecutor(ExecutorConfig(model_path=path, **args))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("variant", ["v3", "v2"])
+def test_executor_logits_match_transformers(ds_checkpoints, ds_prompts, ds_references, variant):
+    """Every step's full logits (prefill in 7-token chunks, then absorbed decode) to 1e-4."""
+    ex = _executor(ds_checkpoints[variant])
+    tokens, logits = run_without_scheduler(ex, ds_prompts, NUM_NEW, chunk=7)
+    ref_tokens, ref_logits = ds_references[variant]
+    assert tokens == ref_tokens
+    for ours, ref in zip(logits, ref_logits, strict=True):
+        torch.testing.assert_close(torch.stack(ours), ref, atol=1e-4, rtol=0)
+
+
+def test_fp8_latent_cache(ds_checkpoints, ds_prompts, ds_references):
+    """An FP8 (e4m3, per-token scale) latent cache stays close to transformers' float32 run."""
+    ex = _executor(ds_checkpoints["v3"], kv_cache_dtype="fp8_e4m3")
+    pool = ex.kv_pool
+    assert isinstance(pool, MLAKVPool) and pool.scale_buffers is not None
+    assert pool.kv_buffers[0].dtype == torch.float8_e4m3fn
+    tokens, logits = run_without_scheduler(ex, ds_prompts[:4], 4, chunk=9)
+    assert float(pool.scale_buffers[0].abs().sum()) > 0  # per-token scales were written
+    ref_tokens, ref_logits = ds_references["v3"]
+    for i in range(4):
+        # Decode reads every cached latent as FP8 and later prefill chunks read the prefix
+        # as FP8; everything else is float32. The error is e4m3 rounding (3 mantissa bits):
+        # visible (so the cache really is FP8), small against logits of magnitude ~1.
+        err = (torch.stack(logits[i]) - ref_logits[i][:4]).abs()
+        assert 1e-3 < float(err.mean()) < 0.05 and float(err.max()) < 0.25
+        assert tokens[i] == ref_tokens[i][:4]
+
+
+def test_fp8_option_end_to_end_and_refusals(ds_checkpoints, ds_prompts, checkpoints):
+    llm = make_llm(ds_checkpoints["v3"], kv_cache_dtype="fp8")
+    assert llm.engine.executor.kv_pool.layout.dtype == torch.float8_e4m3fn
+    outs = llm.generate(ds_prompts[:2], SamplingParams(temperature=0.0, max_tokens=4))
+    assert [len(o.outputs[0].token_ids) for o in outs] == [4, 4]
+    with pytest.raises(ValueError, match="not supported by the paged backend"):
+        _executor(checkpoints["llama"], kv_cache_dtype="fp8_e4m3")
+    with pytest.raises(ValueError, match="not supported in this build"):
+        make_llm(ds_checkpoints["v3"], kv_cache_dtype="fp8_e5m2")
+
+
+def test_mla_pool_layout_and_host_round_trip():
+    layout = MLALayout(
+        num_layers=2, kv_lora_rank=512, rope_dim=64, page_size=4, dtype=torch.bfloat16
+    )
+    assert layout.latent_dim == 576
+    assert layout.bytes_per_page == 2 * 4 * 576 * 2
+    fp8 = MLALayout(2, 512, 64, 4, torch.float8_e4m3fn)
+    assert fp8.bytes_per_page == 2 * 4 * (576 + 4)  # one byte per value + a float32 scale
+    dev = make_kv_pool(fp8, 6, torch.device("cpu"))
+    assert isinstance(dev, MLAKVPool) and dev.kv_buffers[0].shape == (7, 4, 576)
+    assert dev.scale_buffers is not None and dev.scale_buffers[1].shape == (7, 4)
+    host = HostKVPool(fp8, 3, pin=False)
+    for t in dev.buffers:
+        t.view(torch.uint8).copy_(torch.randint(0, 120, t.view(torch.uint8).shape))
+    before = [t.view(torch.uint8).clone() for t in dev.buffers]
+    write_back(dev, host, np.array([5, 2]), np.array([0, 2]))
+    for t in dev.buffers:
+        t.view(torch.uint8).zero_()
+    load_back(host, dev, [2, 0], [1, 3])  # page 2 -> host 2 -> 1; page 5 -> host 0 -> 3
+    for got, want in zip(dev.buffers, before, strict=True):
+        assert torch.equal(got.view(torch.uint8)[1], want[2])
+        assert torch.equal(got.view(torch.uint8)[3], want[5])
+
+
+def _with_mtp(src: Path, dst: Path, drop: str | None = None) -> dict[str, torch.Tensor]:
+    """Copy a checkpoint and add one MTP layer as the official V3 checkpoint stores it."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["num_nextn_predict_layers"] = 1
+    (dst / "config.json").write_text(json.dumps(cfg))
+    layer = cfg["num_hidden_layers"]
+    g = torch.Generator().manual_seed(0)
+    extra: dict[str, torch.Tensor] = {}
+    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    for name, shape in [
+        ("embed_tokens.weight", (vocab, h)),
+        ("enorm.weight", (h,)),
+        ("hnorm.weight", (h,)),
+        ("eh_proj.weight", (h, 2 * h)),
+        ("shared_head.norm.weight", (h,)),
+        ("shared_head.head.weight", (vocab, h)),
+    ]:
+        extra[f"model.layers.{layer}.{name}"] = torch.randn(shape, generator=g)
+    from safetensors import safe_open
+
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        for name in f.keys():  # noqa: SIM118
+            if name.startswith(f"model.layers.{layer - 1}."):  # a MoE layer's tensors
+                extra[name.replace(f"layers.{layer - 1}.", f"layers.{layer}.")] = (
+                    f.get_tensor(name) + 0.5
+                )
+    if drop:
+        extra.pop(drop)
+    save_file(extra, str(dst / "mtp.safetensors"))
+    return extra
+
+
+def test_mtp_layer_weights_are_held(ds_checkpoints, ds_prompts, ds_references, tmp_path):
+    extra = _with_mtp(ds_checkpoints["v3"], tmp_path / "mtp")
+    model = load_model(tmp_path / "mtp")[0]
+    (mtp,) = model.model.mtp_layers
+    assert mtp.self_attn.mla.layer_id == 3
+    torch.testing.assert_close(mtp.eh_proj.weight, extra["model.layers.3.eh_proj.weight"])
+    torch.testing.assert_close(
+        mtp.shared_head.head.weight, extra["model.layers.3.shared_head.head.weight"]
+    )
+    gate_up = mtp.mlp.w13[5]  # expert 5: gate rows then up rows
+    torch.testing.assert_close(gate_up[:32], extra["model.layers.3.mlp.experts.5.gate_proj.weight"])
+    torch.testing.assert_close(
+        mtp.self_attn.qkv_a_proj.weight[32:],
+        extra["model.layers.3.self_attn.kv_a_proj_with_mqa.weight"],
+    )
+    assert mtp.self_attn.mla.w_uk.shape == (4, 16, 32)  # absorbed weights prepared too
+    # Held, not run: generation is unchanged.
+    outs = make_llm(tmp_path / "mtp").generate(ds_prompts[:2], GREEDY)
+    assert tokens_of(outs) == ds_references["v3"][0][:2]
+    # A checkpoint without MTP tensors (transformers' format) holds none.
+    assert len(load_model(ds_checkpoints["v3"])[0].model.mtp_layers) == 0
+    # An incomplete MTP layer is a clear error.
+    _with_mtp(ds_checkpoints["v3"], tmp_path / "broken", drop="model.layers.3.hnorm.weight")
+    with pytest.raises(ModelLoadError, match="mtp_layers.0.hnorm.weight"):
+        load_model(tmp_path / "broken")
+
+
+def test_dummy_deepseek_v3_builds_and_generates():
+    small = {
+        "num_hidden_layers": 2,
+        "first_k_dense_replace": 1,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 64,
+        "kv_lora_rank": 64,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "n_routed_experts": 16,
+        "vocab_size": 512,
+        "max_position_embeddings": 2048,
+    }
+    llm = LLM(
+        "deepseek-v3",
+        load_format="dummy",
+        hf_overrides=small,
+        device="cpu",
+        dtype="float32",
+        max_total_tokens=512,
+        page_size=16,
+    )
+    ex = llm.engine.executor
+    layout = ex.kv_pool.layout
+    assert isinstance(layout, MLALayout) and layout.latent_dim == 64 + 16
+    model = ex.model
+    assert type(model).__name__ == "DeepseekV3ForCausalLM"
+    assert model.mc.n_group == 8 and model.mc.topk_group == 4 and model.mc.scoring == "sigmoid"
+    assert len(model.model.mtp_layers) == 1  # the config asks for one; dummy weights fill it
+    outs = llm.generate([[1, 2, 3, 4, 5], [7, 8]], SamplingParams(temperature=0.0, max_tokens=6))
+    assert [len(o.outputs[0].token_ids) for o in outs] == [6, 6]
