@@ -18,6 +18,8 @@ PYTEST_ARGS ?=
 QUIET_PIP := { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
 CPP_SOURCES := $(shell find scheduler/csrc -type f 2>/dev/null) CMakeLists.txt
+# The editable install maps packages when it is made: a new package needs a re-install.
+PY_PACKAGES := $(shell find runtime scheduler kernels mla tokenspeed_cli -name __init__.py 2>/dev/null)
 STAMP_APT := $(VENV)/.stamp-apt
 STAMP_DEPS := $(VENV)/.stamp-deps
 STAMP_INSTALL := $(VENV)/.stamp-install
@@ -53,8 +55,9 @@ $(STAMP_DEPS): pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q -r $(VENV)/requirements.txt 2>&1 | $(QUIET_PIP)
 	@touch $@
 
-# The package itself, editable; rebuilt when the C++ sources or the build files change.
-$(STAMP_INSTALL): $(STAMP_APT) $(STAMP_DEPS) $(CPP_SOURCES)
+# The package itself, editable; rebuilt when the C++ sources, the build files or the set of
+# Python packages change.
+$(STAMP_INSTALL): $(STAMP_APT) $(STAMP_DEPS) $(CPP_SOURCES) $(PY_PACKAGES)
 	$(PIP) install -q --no-deps --no-build-isolation -e . 2>&1 | $(QUIET_PIP)
 	@touch $@
 
