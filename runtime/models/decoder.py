@@ -98,25 +98,17 @@ def _is_moe_layer(cfg: HFConfig, layer_id: int) -> bool:
     return (layer_id + 1) % int(cfg.get("decoder_sparse_step", 1)) == 0
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm block; the residual add is fused into the next norm."""
+class PreNormBlock(nn.Module):
+    """Pre-norm transformer block; the residual add is fused into the next norm.
 
-    def __init__(self, cfg: HFConfig, spec: DecoderSpec, layer_id: int, max_positions: int) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = DecoderAttention(cfg, spec, layer_id, max_positions)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp: nn.Module
-        if spec.moe and _is_moe_layer(cfg, layer_id):
-            self.mlp = FusedMoE(
-                num_experts=cfg.num_experts,
-                top_k=int(cfg.raw["num_experts_per_tok"]),
-                hidden_size=cfg.hidden_size,
-                intermediate_size=int(cfg.raw["moe_intermediate_size"]),
-                renormalize=bool(cfg.get("norm_topk_prob", False)),
-            )
-        else:
-            self.mlp = DenseMLP(cfg.hidden_size, int(cfg.raw["intermediate_size"]), spec.mlp_bias)
+    Subclasses build `input_layernorm`, `self_attn`, `post_attention_layernorm` and `mlp`;
+    every architecture shares this forward.
+    """
+
+    input_layernorm: nn.Module
+    self_attn: nn.Module
+    post_attention_layernorm: nn.Module
+    mlp: nn.Module
 
     def forward(
         self,
@@ -133,6 +125,26 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(positions, hidden, batch)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+
+class DecoderLayer(PreNormBlock):
+    """GQA attention + dense or MoE MLP (Llama, Qwen2, Qwen3, Qwen3-MoE)."""
+
+    def __init__(self, cfg: HFConfig, spec: DecoderSpec, layer_id: int, max_positions: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DecoderAttention(cfg, spec, layer_id, max_positions)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if spec.moe and _is_moe_layer(cfg, layer_id):
+            self.mlp = FusedMoE(
+                num_experts=cfg.num_experts,
+                top_k=int(cfg.raw["num_experts_per_tok"]),
+                hidden_size=cfg.hidden_size,
+                intermediate_size=int(cfg.raw["moe_intermediate_size"]),
+                renormalize=bool(cfg.get("norm_topk_prob", False)),
+            )
+        else:
+            self.mlp = DenseMLP(cfg.hidden_size, int(cfg.raw["intermediate_size"]), spec.mlp_bias)
 
 
 class DecoderModel(nn.Module):

@@ -52,7 +52,7 @@ from tokenspeed.runtime.layers.norm import RMSNorm
 from tokenspeed.runtime.layers.rotary import RotaryEmbedding
 from tokenspeed.runtime.model_loader.config import HFConfig
 from tokenspeed.runtime.model_loader.errors import ModelLoadError
-from tokenspeed.runtime.models.decoder import DenseMLP
+from tokenspeed.runtime.models.decoder import DenseMLP, PreNormBlock
 
 logger = logging.getLogger("tokenspeed.models.deepseek")
 
@@ -245,35 +245,18 @@ class DeepseekMoE(FusedMoE):
         return out
 
 
-class DeepseekDecoderLayer(nn.Module):
-    """Pre-norm block (MLA + dense or MoE MLP); the residual add is fused into the next norm."""
+class DeepseekDecoderLayer(PreNormBlock):
+    """MLA attention + dense or MoE MLP."""
 
     def __init__(self, cfg: HFConfig, mc: MLAConfig, layer_id: int, rotary: RotaryEmbedding):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = DeepseekAttention(cfg, mc, layer_id, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp: nn.Module
         if mc.is_moe_layer(layer_id):
             self.mlp = DeepseekMoE(cfg, mc)
         else:
             self.mlp = DenseMLP(cfg.hidden_size, int(cfg.raw["intermediate_size"]), bias=False)
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        batch: ForwardBatch,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, batch)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
 
 
 class DeepseekSharedHead(nn.Module):
