@@ -12,6 +12,11 @@ constexpr uint8_t kLruNone = 0;
 constexpr uint8_t kLruBacked = 1;
 constexpr uint8_t kLruUnbacked = 2;
 
+// Builds the message only on failure: attach/detach run once per page on the hot path.
+[[noreturn]] void tier_error(const char* what, const char* tier) {
+  throw std::logic_error(std::string("radix tree: ") + what + tier);
+}
+
 void require(bool ok, const char* what) {
   if (!ok) throw std::logic_error(std::string("radix tree: ") + what);
 }
@@ -196,36 +201,53 @@ void RadixTree::unlock_path(NodeId deepest) {
 
 // --- residency ------------------------------------------------------------------------------
 
-void RadixTree::attach_device_page(NodeId id, int32_t page) {
+const RadixTree::Tier RadixTree::kDeviceTier{&RadixNode::device_page,
+                                             &RadixNode::device_children,
+                                             &RadixNode::host_page,
+                                             &RadixTree::device_pages_,
+                                             &RadixTree::locked_device_pages_,
+                                             Medium::kDevice,
+                                             "device"};
+const RadixTree::Tier RadixTree::kHostTier{&RadixNode::host_page,
+                                           &RadixNode::host_children,
+                                           &RadixNode::device_page,
+                                           &RadixTree::host_pages_,
+                                           &RadixTree::locked_host_pages_,
+                                           Medium::kHost,
+                                           "host"};
+
+void RadixTree::attach_page(const Tier& tier, NodeId id, int32_t page) {
   RadixNode& n = at(id);
-  require(n.device_page < 0, "attach_device_page: node already on the device");
-  require(n.parent == kRootNode || node(n.parent).device_page >= 0,
-          "attach_device_page: parent is not on the device");
+  if (n.*tier.page >= 0) tier_error("attach: node already on the ", tier.name);
+  if (n.parent != kRootNode && node(n.parent).*tier.page < 0) {
+    tier_error("attach: parent is not on the ", tier.name);
+  }
   unlink(id);
-  n.device_page = page;
-  ++device_pages_;
-  if (n.lock_count > 0) ++locked_device_pages_;
+  n.*tier.page = page;
+  ++(this->*tier.pages);
+  if (n.lock_count > 0) ++(this->*tier.locked_pages);
   link(id);
   unlink(n.parent);
-  ++at(n.parent).device_children;
+  ++(at(n.parent).*tier.children);
   link(n.parent);
-  events_->stored(n.hash, parent_hash(n), tokens(id), Medium::kDevice);
+  events_->stored(n.hash, parent_hash(n), tokens(id), tier.medium);
 }
 
-int32_t RadixTree::detach_device_page(NodeId id) {
+int32_t RadixTree::detach_page(const Tier& tier, NodeId id) {
   RadixNode& n = at(id);
-  require(n.device_page >= 0 && n.lock_count == 0 && n.device_children == 0,
-          "detach_device_page: not an unlocked device leaf");
+  if (n.*tier.page < 0 || n.lock_count != 0 || n.*tier.children != 0) {
+    tier_error("detach: not an unlocked leaf on the ", tier.name);
+  }
   unlink(id);
-  const int32_t page = n.device_page;
-  n.device_page = -1;
-  --device_pages_;
+  const int32_t page = n.*tier.page;
+  n.*tier.page = -1;
+  --(this->*tier.pages);
   const NodeId parent = n.parent;
   unlink(parent);
-  --at(parent).device_children;
+  --(at(parent).*tier.children);
   link(parent);
-  events_->removed(n.hash, Medium::kDevice);
-  if (n.host_page < 0) {
+  events_->removed(n.hash, tier.medium);
+  if (n.*tier.other_page < 0) {
     delete_node(id);
   } else {
     link(id);
@@ -233,42 +255,10 @@ int32_t RadixTree::detach_device_page(NodeId id) {
   return page;
 }
 
-void RadixTree::attach_host_page(NodeId id, int32_t page) {
-  RadixNode& n = at(id);
-  require(n.host_page < 0, "attach_host_page: node already on the host");
-  require(n.parent == kRootNode || node(n.parent).host_page >= 0,
-          "attach_host_page: parent is not on the host");
-  unlink(id);
-  n.host_page = page;
-  ++host_pages_;
-  if (n.lock_count > 0) ++locked_host_pages_;
-  link(id);
-  unlink(n.parent);
-  ++at(n.parent).host_children;
-  link(n.parent);
-  events_->stored(n.hash, parent_hash(n), tokens(id), Medium::kHost);
-}
-
-int32_t RadixTree::detach_host_page(NodeId id) {
-  RadixNode& n = at(id);
-  require(n.host_page >= 0 && n.lock_count == 0 && n.host_children == 0,
-          "detach_host_page: not an unlocked host leaf");
-  unlink(id);
-  const int32_t page = n.host_page;
-  n.host_page = -1;
-  --host_pages_;
-  const NodeId parent = n.parent;
-  unlink(parent);
-  --at(parent).host_children;
-  link(parent);
-  events_->removed(n.hash, Medium::kHost);
-  if (n.device_page < 0) {
-    delete_node(id);
-  } else {
-    link(id);
-  }
-  return page;
-}
+void RadixTree::attach_device_page(NodeId id, int32_t page) { attach_page(kDeviceTier, id, page); }
+int32_t RadixTree::detach_device_page(NodeId id) { return detach_page(kDeviceTier, id); }
+void RadixTree::attach_host_page(NodeId id, int32_t page) { attach_page(kHostTier, id, page); }
+int32_t RadixTree::detach_host_page(NodeId id) { return detach_page(kHostTier, id); }
 
 // --- whole-tree views -----------------------------------------------------------------------
 

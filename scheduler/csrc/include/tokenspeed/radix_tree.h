@@ -143,6 +143,22 @@ class RadixTree {
   std::optional<uint64_t> parent_hash(const RadixNode& n) const;
   RadixNode& at(NodeId id) { return nodes_[static_cast<size_t>(id)]; }
 
+  // One residency tier named by member pointers, so attaching and detaching are written once
+  // for the device and the host.
+  struct Tier {
+    int32_t RadixNode::*page;
+    int32_t RadixNode::*children;
+    int32_t RadixNode::*other_page;
+    int32_t RadixTree::*pages;
+    int32_t RadixTree::*locked_pages;
+    Medium medium;
+    const char* name;  // "device" or "host", for error messages
+  };
+  static const Tier kDeviceTier;
+  static const Tier kHostTier;
+  void attach_page(const Tier& tier, NodeId id, int32_t page);
+  int32_t detach_page(const Tier& tier, NodeId id);
+
   using LruKey = std::pair<uint64_t, NodeId>;  // (last access tick, id)
   int32_t page_size_;
   KvEventLog* events_;
