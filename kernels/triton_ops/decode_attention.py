@@ -23,6 +23,7 @@ import triton.language as tl
 
 from .common import dot_precision
 from .configs import decode_default_config
+from .paged_tiles import paged_kv_tile
 
 _LOG2E = 1.4426950408889634
 
@@ -40,22 +41,11 @@ def _decode_tile(
     """One ``BLOCK_N``-token step of the online softmax over tokens ``[n0, n0 + BLOCK_N)``."""
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    pos = n0 + tl.arange(0, BLOCK_N)
-    tok_ok = (pos < end) | (not MASKED)
-    if PAGE_SIZE % BLOCK_N == 0:
-        # Page-block fast path: the tile sits inside one page (tiles start at multiples of
-        # BLOCK_N), so one block-table lookup gives a contiguous [BLOCK_N, D] slab.
-        page = tl.load(block_table_ptr + b * stride_bt + n0 // PAGE_SIZE).to(tl.int64)
-        rows = (n0 % PAGE_SIZE) + tl.arange(0, BLOCK_N)
-        k_rows = k_cache_ptr + page * stride_kp + kv_head * stride_kh + rows * stride_ks
-        v_rows = v_cache_ptr + page * stride_vp + kv_head * stride_vh + rows * stride_vs
-    else:
-        # Token gather: several pages per tile (or pages smaller than a tile).
-        page = tl.load(block_table_ptr + b * stride_bt + pos // PAGE_SIZE, mask=tok_ok, other=0)
-        page = page.to(tl.int64)
-        offset = pos % PAGE_SIZE
-        k_rows = k_cache_ptr + page * stride_kp + offset * stride_ks + kv_head * stride_kh
-        v_rows = v_cache_ptr + page * stride_vp + offset * stride_vs + kv_head * stride_vh
+    pos, tok_ok, k_rows, v_rows = paged_kv_tile(
+        n0, end, b, kv_head, block_table_ptr, k_cache_ptr, v_cache_ptr,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
+        MASKED, PAGE_SIZE, BLOCK_N,
+    )  # fmt: skip
     k = tl.load(
         k_rows[:, None] + d[None, :],
         mask=tok_ok[:, None] & (d[None, :] < head_dim),

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from .common import dot_precision
 from .configs import extend_default_config
+from .paged_tiles import paged_kv_tile
 
 _LOG2E = 1.4426950408889634
 
@@ -42,23 +43,13 @@ def _attend_tile(
     head_dim: tl.constexpr, v_head_dim: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
-    pos = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    # Unmasked tiles lie wholly inside [0, kv_len): their loads need no bounds check.
-    tok_ok = (pos < kv_len) | (not MASKED)
-    if PAGE_SIZE % BLOCK_N == 0:
-        # Page-aligned tile (tiles start at multiples of BLOCK_N): one block-table lookup.
-        page = tl.load(block_table_ptr + b * stride_bt + n0 // PAGE_SIZE).to(tl.int64)
-        offset = (n0 % PAGE_SIZE) + tl.arange(0, BLOCK_N)
-        k_rows = k_cache_ptr + page * stride_kp + offset * stride_ks + kv_head * stride_kh
-        v_rows = v_cache_ptr + page * stride_vp + offset * stride_vs + kv_head * stride_vh
-    else:
-        page = tl.load(block_table_ptr + b * stride_bt + pos // PAGE_SIZE, mask=tok_ok, other=0)
-        page = page.to(tl.int64)
-        offset = pos % PAGE_SIZE
-        k_rows = k_cache_ptr + page * stride_kp + offset * stride_ks + kv_head * stride_kh
-        v_rows = v_cache_ptr + page * stride_vp + offset * stride_vs + kv_head * stride_vh
+    pos, tok_ok, k_rows, v_rows = paged_kv_tile(
+        n0, kv_len, b, kv_head, block_table_ptr, k_cache_ptr, v_cache_ptr,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
+        MASKED, PAGE_SIZE, BLOCK_N,
+    )  # fmt: skip
     k = tl.load(
         k_rows[:, None] + d[None, :],
         mask=tok_ok[:, None] & (d[None, :] < head_dim),
