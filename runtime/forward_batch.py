@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,14 +29,28 @@ class ForwardMode(enum.IntEnum):
         """Accept our enum, the scheduler's (pybind11 enums have ``.name``) or a string."""
         if isinstance(mode, ForwardMode):
             return mode
+        try:  # called a few times per step: remember each mode object seen
+            return _MODE_OF[mode]
+        except (KeyError, TypeError):
+            pass
         name = str(getattr(mode, "name", mode)).split(".")[-1]
         for candidate in (name.upper(), name[1:].upper() if name.startswith("k") else ""):
             if candidate in cls.__members__:
-                return cls[candidate]
-        return cls(int(mode))
+                found = cls[candidate]
+                break
+        else:
+            found = cls(int(mode))
+        try:
+            _MODE_OF[mode] = found
+        except TypeError:  # unhashable stand-in
+            pass
+        return found
 
     def is_decode(self) -> bool:
         return self is ForwardMode.DECODE
+
+
+_MODE_OF: dict[Any, ForwardMode] = {}
 
 
 class ForwardOpLike(Protocol):
@@ -129,7 +144,7 @@ def make_forward_batch(
     # only the columns this step's longest request uses matter, and kernels scan the width.
     if len(seq):
         tables = tables[:, : max(1, -(-int(seq.max()) // page_size))]
-    ids = np.asarray(op.input_ids, dtype=np.int64)
+    ids = np.asarray(op.input_ids)  # the scheduler's int32 view; widened where it is copied
     positions = build_positions(prefix, extend)
     if len(ids) != len(positions):
         raise ValueError(
@@ -141,30 +156,104 @@ def make_forward_batch(
     sample_rows = np.flatnonzero(sample_mask_of(op)).astype(np.int64)
     sample_idx = cu[1:][sample_rows].astype(np.int64) - 1
 
-    def to_dev(a: np.ndarray) -> torch.Tensor:
-        # Scheduler arrays are read-only zero-copy views; torch wants writable memory.
-        a = np.ascontiguousarray(a) if a.flags.writeable else np.array(a, copy=True)
-        t = torch.from_numpy(a)
-        if device.type == "cpu":
-            return t
-        if pin:
-            t = t.pin_memory()
-        return t.to(device, non_blocking=pin)
-
-    return ForwardBatch(
+    staging = _staging(device) if device.type == "cuda" and pin else None
+    if staging is not None:
+        staging.begin()
+        to_dev = staging.upload
+    else:
+        to_dev = partial(_host_tensor, device=device)
+    batch = ForwardBatch(
         mode=mode,
         batch_size=len(extend),
         num_tokens=len(ids),
-        input_ids=to_dev(ids),
-        positions=to_dev(positions),
-        slot_mapping=to_dev(slots),
-        block_tables=to_dev(tables),
-        seq_lens=to_dev(seq.astype(np.int32)),
-        cu_seqlens_q=to_dev(cu),
-        sample_indices=to_dev(sample_idx),
+        input_ids=to_dev(ids, np.int64),
+        positions=to_dev(positions, np.int64),
+        slot_mapping=to_dev(slots, np.int64),
+        block_tables=to_dev(tables, np.int32),
+        seq_lens=to_dev(seq, np.int32),
+        cu_seqlens_q=to_dev(cu, np.int32),
+        sample_indices=to_dev(sample_idx, np.int64),
         seq_lens_np=seq,
         extend_lens_np=extend,
         prefix_lens_np=prefix,
         sample_rows_np=sample_rows,
         pool_indices_np=np.asarray(op.request_pool_indices, dtype=np.int64),
     )
+    if staging is not None:
+        staging.end()
+    return batch
+
+
+# ---- host -> device ---------------------------------------------------------------------------
+# The scheduler's arrays are read-only numpy views of its own memory, by design, and
+# ``torch.from_numpy`` warns on (and must never be given) read-only memory. Most arrays above
+# are already fresh, writable ones (int32 -> int64 conversions, cumsum, positions); the block
+# table is the exception: a narrowed column slice of the scheduler's table (a zero-copy view for
+# decode steps). Whatever happens, one host copy of it is needed for contiguity.
+#
+# * CPU: the tensors *are* the step's tensors, so a fresh array is wrapped as is (no copy) and
+#   a read-only one is copied once (``np.array``), which is also the contiguity copy.
+# * CUDA with pinned memory: every array is written by ``np.copyto`` straight into a reusable
+#   pinned staging buffer (the int32/int64 conversion and the narrowing happen in that same
+#   pass) and copied to the device with ``non_blocking=True``. That replaces a defensive
+#   ``np.array`` copy plus ``Tensor.pin_memory()`` (a second host copy into freshly allocated
+#   pinned memory) per array per step. A buffer is only rewritten once the previous batch's
+#   copies out of it have completed (a CUDA event, normally long done: the step synchronises
+#   on its sampled tokens).
+
+
+def _host_tensor(a: np.ndarray, dtype: type, device: torch.device) -> torch.Tensor:
+    """``a`` as a ``dtype`` tensor on ``device``: zero-copy when it is already a fresh array."""
+    if a.dtype != dtype or not (a.flags.writeable and a.flags.c_contiguous):
+        a = np.array(a, dtype=dtype, order="C")  # read-only scheduler memory never reaches torch
+    t = torch.from_numpy(a)
+    return t if device.type == "cpu" else t.to(device)
+
+
+_NP_TO_TORCH = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
+
+
+class _PinnedStaging:
+    """Reusable pinned host buffers (one per array kind) for one CUDA device's uploads."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.buffers: dict[tuple[torch.dtype, int], torch.Tensor] = {}
+        self.event: torch.cuda.Event | None = None
+        self.next_index = 0
+
+    def begin(self) -> None:
+        """Wait until the previous batch's copies out of the buffers are done."""
+        if self.event is not None:
+            self.event.synchronize()
+        self.next_index = 0
+
+    def end(self) -> None:
+        """Mark the point on the stream after which the buffers may be rewritten."""
+        if self.event is None:
+            self.event = torch.cuda.Event()
+        self.event.record(torch.cuda.current_stream(self.device))
+
+    def upload(self, a: np.ndarray, np_dtype: type) -> torch.Tensor:
+        """Copy ``a`` as ``np_dtype`` into its pinned buffer (one pass) and send it."""
+        dtype = _NP_TO_TORCH[np.dtype(np_dtype)]
+        key = (dtype, self.next_index)  # the k-th upload of a batch always gets buffer k
+        self.next_index += 1
+        buf = self.buffers.get(key)
+        if buf is None or buf.numel() < a.size:
+            size = max(a.size, 2 * (buf.numel() if buf is not None else 0), 1024)
+            buf = torch.empty(size, dtype=dtype, pin_memory=True)
+            self.buffers[key] = buf
+        host = buf[: a.size].view(a.shape)
+        np.copyto(host.numpy(), a)
+        return host.to(self.device, non_blocking=True)
+
+
+_STAGING: dict[torch.device, _PinnedStaging] = {}
+
+
+def _staging(device: torch.device) -> _PinnedStaging:
+    st = _STAGING.get(device)
+    if st is None:
+        st = _STAGING[device] = _PinnedStaging(device)
+    return st

@@ -82,8 +82,7 @@ class ExecutorConfig:
 class StepOutput:
     """Host-side results of one forward: a token per sampled request (+ logprobs)."""
 
-    rows: np.ndarray  # batch rows that were sampled
-    request_ids: list[str]
+    rows: np.ndarray  # batch rows that were sampled (the op's request_ids name them)
     tokens: np.ndarray  # [S] int64
     logprobs: np.ndarray | None = None  # [S]
     top_ids: np.ndarray | None = None  # [S, K]
@@ -243,20 +242,19 @@ class ModelExecutor:
 
     def execute(self, op: Any, return_logits: bool = False) -> StepOutput:
         """Run one forward op; sample every request the op marks as sampled."""
-        if ForwardMode.of(op.mode) is ForwardMode.IDLE or len(op.request_ids) == 0:
-            return StepOutput(np.zeros(0, np.int64), [], np.zeros(0, np.int64))
+        if ForwardMode.of(op.mode) is ForwardMode.IDLE or op.batch_size == 0:
+            return StepOutput(np.zeros(0, np.int64), np.zeros(0, np.int64))
         batch, logits = self._run_model(op, self.attn_backend, want_logits=True, allow_graph=True)
         rows = batch.sample_rows_np
-        ids = [op.request_ids[i] for i in rows]
         if logits is None:
-            return StepOutput(rows, ids, np.zeros(0, np.int64))
+            return StepOutput(rows, np.zeros(0, np.int64))
         slots = batch.pool_indices_np[rows]
         with torch.inference_mode():
             sb = self.sampling.gather(slots)
             out = sample(logits, sb, self.sampling)
             self.sampling.record(slots, sb, out.tokens)
         # The one host sync per step: stop checks and the scheduler need the tokens.
-        result = StepOutput(rows, ids, out.tokens.cpu().numpy())
+        result = StepOutput(rows, out.tokens.cpu().numpy())
         if out.logprobs is not None:
             result.logprobs = out.logprobs.cpu().numpy()
         if out.top_ids is not None and out.top_logprobs is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,11 @@ def _sched() -> Any:
     return sched
 
 
+#: Stop sets up to this many ids are checked with one numpy compare per step; a request with
+#: more (rare: long stop_token_ids lists) is checked in Python.
+_MAX_STOP_COLUMNS = 16
+
+
 class EventLoop:
     """Drives one scheduler and one executor; returns per-step request updates."""
 
@@ -43,19 +49,34 @@ class EventLoop:
         log_request_stats: bool = False,
         protocol: Any = None,
     ) -> None:
-        """``protocol`` is the module defining RequestSpec and the event classes; it defaults
-        to ``tokenspeed.scheduler`` (tests pass a pure-Python stand-in)."""
+        """``protocol`` is the module defining RequestSpec and the event classes (RequestSpec,
+        ForwardResult, Finish, Abort, WriteBackDone, LoadBackDone); it defaults to
+        ``tokenspeed.scheduler``."""
         self.executor = executor
         self.scheduler = scheduler
         self._protocol = protocol
         self.max_model_len = executor.max_model_len
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.requests: dict[str, Request] = {}
-        self.slot_owner: dict[int, Request] = {}
         self.rng = np.random.default_rng(seed)
         self.log_request_stats = log_request_stats
         self.num_steps = 0
         self._pending_updates: list[RequestUpdate] = []
+        # Per request-pool slot state, so the per-step path is numpy gathers over the sampled
+        # slots instead of a dict lookup and a few attribute reads per request. A slot's row
+        # is (re)written when a request is bound to it (its first extend in that slot: a
+        # request reaches a slot only through admission, which always starts with an extend,
+        # so decode rows never need binding) and cleared when it finishes.
+        self._slot_req = np.empty(0, dtype=object)  # Request | None
+        self._slot_rid = np.empty(0, dtype=object)  # its request id (str)
+        self._slot_out = np.empty(0, dtype=object)  # its output_ids list (appended in place)
+        self._slot_live = np.zeros(0, dtype=bool)
+        self._out_len = np.zeros(0, dtype=np.int64)  # == len(output_ids)
+        self._max_new = np.zeros(0, dtype=np.int64)
+        self._min_tokens = np.zeros(0, dtype=np.int64)
+        self._want_lp = np.zeros(0, dtype=bool)
+        self._wide_stop = np.zeros(0, dtype=bool)  # stop set too wide for the table
+        self._stop_tab = np.full((0, 0), -1, dtype=np.int64)  # stop ids, padded with -1
 
     @classmethod
     def from_server_args(cls, args: Any, model_path: str | Path) -> EventLoop:
@@ -172,67 +193,154 @@ class EventLoop:
             else:
                 raise RuntimeError(f"unknown cache op {kind}")
         fwd = plan.forward
-        if (
-            fwd is not None
-            and ForwardMode.of(fwd.mode) is not ForwardMode.IDLE
-            and len(fwd.request_ids)
-        ):
-            self._bind_slots(fwd)
-            result = self.executor.execute(fwd)
-            events.extend(self._process(fwd, result, updates))
+        if fwd is not None:
+            mode = ForwardMode.of(fwd.mode)
+            if mode is not ForwardMode.IDLE and fwd.batch_size:
+                self._bind_slots(fwd, mode)
+                result = self.executor.execute(fwd)
+                events.extend(self._process(fwd, result, updates))
         if events:
             self.scheduler.advance(events)
         self.num_steps += 1
         return updates
 
-    def _bind_slots(self, fwd: Any) -> None:
-        """Install sampling state for requests new to their pool slot; note first scheduling."""
+    def _bind_slots(self, fwd: Any, mode: ForwardMode) -> None:
+        """Install sampling state for requests new to their pool slot; note first scheduling.
+
+        Only extend rows can be new to a slot (see ``__init__``): a DECODE forward binds
+        nothing, a MIXED one only its rows after ``num_decode``. That keeps the pure-decode
+        step free of ``fwd.request_ids``, which builds one Python string per request.
+        """
+        if mode is ForwardMode.DECODE:
+            return
+        start = int(getattr(fwd, "num_decode", 0)) if mode is ForwardMode.MIXED else 0
+        ids = fwd.request_ids
+        if start >= len(ids):
+            return
+        slots = np.asarray(fwd.request_pool_indices)[start:].tolist()
+        self._ensure_slots(max(slots) + 1)
         now = time.perf_counter()
-        slots = np.asarray(fwd.request_pool_indices)
-        for rid, slot in zip(fwd.request_ids, slots.tolist(), strict=True):
+        for rid, slot in zip(ids[start:], slots, strict=True):
             req = self.requests[rid]
             if req.first_scheduled is None:
                 req.first_scheduled = now
-            if self.slot_owner.get(slot) is not req:
-                self.slot_owner[slot] = req
-                req.slot = slot
-                self.executor.install_request(
-                    slot, req.params, req.seed, req.prompt_ids, req.output_ids, sorted(req.stop_ids)
-                )
+            if self._slot_req[slot] is not req:
+                self._install(slot, req)
+
+    def _install(self, slot: int, req: Request) -> None:
+        """Bind ``req`` to ``slot``: the executor's sampling state and the per-slot rows."""
+        old = self._slot_req[slot]
+        if old is not None and old.slot == slot:
+            old.slot = None  # it was retracted from this slot; it re-binds wherever it resumes
+        req.slot = slot
+        stop_ids = sorted(req.stop_ids)
+        self.executor.install_request(
+            slot, req.params, req.seed, req.prompt_ids, req.output_ids, stop_ids
+        )
+        self._slot_req[slot] = req
+        self._slot_rid[slot] = req.request_id
+        self._slot_out[slot] = req.output_ids
+        self._slot_live[slot] = True
+        self._out_len[slot] = len(req.output_ids)
+        self._max_new[slot] = req.max_new_tokens
+        self._min_tokens[slot] = req.params.min_tokens
+        self._want_lp[slot] = req.params.logprobs is not None
+        width = self._stop_tab.shape[1]
+        if len(stop_ids) > width and len(stop_ids) <= _MAX_STOP_COLUMNS:
+            grown = np.full((len(self._stop_tab), len(stop_ids)), -1, dtype=np.int64)
+            grown[:, :width] = self._stop_tab
+            self._stop_tab, width = grown, len(stop_ids)
+        self._stop_tab[slot] = -1
+        self._wide_stop[slot] = len(stop_ids) > width
+        if not self._wide_stop[slot]:
+            self._stop_tab[slot, : len(stop_ids)] = stop_ids
+
+    def _ensure_slots(self, n: int) -> None:
+        """Grow the per-slot arrays to at least ``n`` slots (the scheduler's max batch size)."""
+        have = len(self._slot_req)
+        if n <= have:
+            return
+        n = max(n, 2 * have, 64)
+
+        def grow(a: np.ndarray, fill: Any) -> np.ndarray:
+            out = np.full((n, *a.shape[1:]), fill, dtype=a.dtype)
+            out[:have] = a
+            return out
+
+        self._slot_req = grow(self._slot_req, None)
+        self._slot_rid = grow(self._slot_rid, None)
+        self._slot_out = grow(self._slot_out, None)
+        self._slot_live = grow(self._slot_live, False)
+        self._out_len = grow(self._out_len, 0)
+        self._max_new = grow(self._max_new, 0)
+        self._min_tokens = grow(self._min_tokens, 0)
+        self._want_lp = grow(self._want_lp, False)
+        self._wide_stop = grow(self._wide_stop, False)
+        self._stop_tab = grow(self._stop_tab, -1)
 
     def _process(self, fwd: Any, result: StepOutput, updates: list[RequestUpdate]) -> list[Any]:
-        """Append sampled tokens, check stop conditions, build the scheduler events."""
+        """Append sampled tokens, check stop conditions, build the scheduler events.
+
+        One ``ForwardResult`` reports the whole forward (the scheduler walks its sampled
+        requests in C++); stop checks are numpy over the sampled slots; Python touches every
+        sampled request only to append its token and build its ``RequestUpdate``, and does
+        more only for the few that got their first token, asked for logprobs or finished.
+        """
         sched = self._proto()
-        now = time.perf_counter()
-        events: list[Any] = []
-        finished: list[tuple[Request, RequestUpdate]] = []
-        tokens = result.tokens.tolist()
-        # One batched event per forward when the scheduler offers it, else one per request.
-        batched = hasattr(sched, "ForwardResult") and hasattr(fwd, "forward_id")
-        if batched:
-            events.append(sched.ForwardResult(fwd.forward_id, tokens, []))
-        for j, (rid, tok) in enumerate(zip(result.request_ids, tokens, strict=True)):
-            req = self.requests[rid]
-            req.output_ids.append(tok)
-            if req.first_token is None:
+        rows = np.asarray(result.rows, dtype=np.int64)
+        if len(rows) == 0:
+            return []
+        tokens = np.asarray(result.tokens, dtype=np.int64)
+        events: list[Any] = [sched.ForwardResult(fwd.forward_id, tokens)]
+        slots = np.asarray(fwd.request_pool_indices, dtype=np.int64)[rows]
+        if not self._slot_live[slots].all():  # (an IndexError if beyond every bound slot)
+            raise RuntimeError("a sampled request's pool slot is not bound to a request")
+        # Output lengths and stop conditions, vectorised over the sampled requests.
+        prev = self._out_len[slots]
+        n_out = prev + 1
+        self._out_len[slots] = n_out
+        width = self._stop_tab.shape[1]
+        if width == 1:  # the common case: one EOS id
+            stop = self._stop_tab[slots, 0] == tokens
+        elif width:
+            stop = (self._stop_tab[slots] == tokens[:, None]).any(axis=1)
+        else:
+            stop = np.zeros(len(slots), dtype=bool)
+        wide = self._wide_stop[slots]
+        if wide.any():
+            for j in np.flatnonzero(wide).tolist():
+                stop[j] = int(tokens[j]) in self._slot_req[slots[j]].stop_ids
+        stop &= n_out >= self._min_tokens[slots]
+        done = stop | (n_out >= self._max_new[slots])
+        # The per-request part: C-level maps over object-array gathers.
+        tok_list = tokens.tolist()
+        deque(map(list.append, self._slot_out[slots].tolist(), tok_list), maxlen=0)
+        step_updates = list(
+            map(RequestUpdate, self._slot_rid[slots].tolist(), tokens.reshape(-1, 1).tolist())
+        )
+        updates.extend(step_updates)
+        # The few that need more: first token (time it, report the cached prefix), logprobs,
+        # and finishing.
+        first = np.flatnonzero(prev == 0).tolist()
+        lp = np.flatnonzero(self._want_lp[slots]).tolist() if result.logprobs is not None else []
+        ended = np.flatnonzero(done).tolist()
+        if first or lp or ended:
+            reqs = self._slot_req[slots]
+            now = time.perf_counter()
+            for j in first:
+                req = reqs[j]
                 req.first_token = now
-            update = RequestUpdate(rid, [tok], self._logprobs(req, result, j, tok), False, None)
-            updates.append(update)
-            if not batched:
-                events.append(sched.ExtendResult(rid, [tok]))
-            n = len(req.output_ids)
-            if tok in req.stop_ids and n >= req.params.min_tokens:
-                update.finish_reason = "stop"
-            elif n >= req.max_new_tokens:
-                update.finish_reason = "length"
-            if update.finish_reason is not None:
-                update.finished = True
-                finished.append((req, update))
-        for req, update in finished:
-            stats = self._scheduler_request_stats(req.request_id)
-            events.append(sched.Finish(req.request_id, update.finish_reason))
-            self._finalise(req, str(update.finish_reason), stats)
-            update.stats = req.stats
+                step_updates[j].cached_tokens = self._cached_tokens(req.request_id)
+            for j in lp:
+                step_updates[j].new_logprobs = self._logprobs(reqs[j], result, j, tok_list[j])
+            for j in ended:
+                req, update = reqs[j], step_updates[j]
+                reason = "stop" if stop[j] else "length"
+                update.finished, update.finish_reason = True, reason
+                stats = self._scheduler_request_stats(req.request_id)
+                events.append(sched.Finish(req.request_id, reason))
+                self._finalise(req, reason, stats)
+                update.stats = req.stats
         return events
 
     def _logprobs(
@@ -250,6 +358,12 @@ class EventLoop:
         req.logprobs.append(entry)
         return [entry]
 
+    def _cached_tokens(self, request_id: str) -> int | None:
+        """The scheduler's prefix-cache hit for a request (device + host), in tokens."""
+        stats = self._scheduler_request_stats(request_id)
+        cached = getattr(stats, "cached_tokens", None)
+        return None if cached is None else int(cached)
+
     def _scheduler_request_stats(self, request_id: str) -> Any:
         try:
             return self.scheduler.request_stats(request_id)
@@ -260,8 +374,10 @@ class EventLoop:
         req.finish_reason = reason
         req.finished_at = time.perf_counter()
         stats = req.compute_stats(scheduler_stats)
-        if req.slot is not None and self.slot_owner.get(req.slot) is req:
-            del self.slot_owner[req.slot]
+        slot = req.slot
+        if slot is not None and slot < len(self._slot_req) and self._slot_req[slot] is req:
+            self._slot_req[slot] = self._slot_rid[slot] = self._slot_out[slot] = None
+            self._slot_live[slot] = False
         del self.requests[req.request_id]
         if self.log_request_stats:
             logger.info("request %s finished (%s): %s", req.request_id, reason, stats.line())

@@ -99,6 +99,8 @@ class EngineCore:
 
     def _item(self, u: RequestUpdate) -> dict[str, Any]:
         item: dict[str, Any] = {"rid": u.request_id, "ids": list(u.new_token_ids)}
+        if u.cached_tokens is not None:  # set on a request's first token only
+            item["cached_tokens"] = u.cached_tokens
         k = self._top_k.get(u.request_id)
         if k is not None and u.new_logprobs:
             item["logprobs"] = [float(e.get(t, float("-inf"))) for e, t in

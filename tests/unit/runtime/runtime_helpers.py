@@ -123,6 +123,10 @@ class Op:
     block_tables: np.ndarray
     sample_mask: np.ndarray
 
+    @property
+    def batch_size(self) -> int:
+        return len(self.request_ids)
+
 
 def run_without_scheduler(
     executor, prompts: list[list[int]], n: int, chunk: int | None = None, shuffle_pages: bool = True
