@@ -1,9 +1,13 @@
 """Paged attention over the K/V cache (GQA), decode and ragged extend.
 
 K/V live in pages ``cache[P, S, Hk, D]``; a request's block-table row lists its pages in
-order, so kv position ``n`` of request ``b`` is slot ``block_tables[b, n // S] * S + n % S``.
+order, so kv position ``n`` of request ``b`` is ``cache[block_tables[b, n // S], n % S]``.
 Entries of a block-table row past the request's length may hold anything (they are clamped
 and masked, never trusted).
+
+GQA without repeating K/V: query head ``h`` reads KV head ``h // G`` (``G = Hq // Hk``), so the
+queries are viewed as ``[Hk, G, ...]`` and every KV head is multiplied once against its
+``G`` query heads (one batched matmul), instead of repeating K/V ``G`` times.
 """
 
 from __future__ import annotations
@@ -12,12 +16,16 @@ import torch
 
 
 def _gather_pages(cache: torch.Tensor, pages: torch.Tensor, length: int) -> torch.Tensor:
-    """The first ``length`` tokens addressed by block-table rows ``pages[..., max_pages]``."""
+    """The first ``length`` tokens of block-table rows ``pages[..., n]``, as ``[..., Hk, length, D]``.
+
+    Whole pages are copied (one index per page, not per token), then laid out head-major so
+    that each KV head is a contiguous ``[length, D]`` matrix.
+    """
     num_pages, page_size = cache.shape[:2]
-    pos = torch.arange(length, device=cache.device)
-    page_ids = pages.long()[..., pos // page_size].clamp(0, num_pages - 1)
-    slots = page_ids * page_size + pos % page_size
-    return cache.view(num_pages * page_size, *cache.shape[2:])[slots]
+    pages = pages.long().clamp(0, num_pages - 1)
+    tokens = cache.index_select(0, pages.flatten())  # [..., n pages, S, Hk, D], flattened
+    tokens = tokens.view(*pages.shape[:-1], pages.shape[-1] * page_size, *cache.shape[2:])
+    return tokens[..., :length, :, :].transpose(-3, -2).contiguous().float()
 
 
 def _attend(
@@ -25,16 +33,16 @@ def _attend(
 ) -> torch.Tensor:
     """Masked GQA softmax attention in float32.
 
-    ``q[..., Hq, M, D]``, ``k[..., Hk, N, D]``, ``v[..., Hk, N, Dv]``, ``mask[..., 1, M, N]``
-    (True = attend). Rows with nothing to attend produce zeros.
+    ``q[..., Hk, G, M, D]`` (the ``G`` query heads of each KV head), ``k[..., Hk, N, D]``,
+    ``v[..., Hk, N, Dv]``, ``mask`` broadcastable to ``[..., Hk, G, M, N]`` (True = attend).
+    Returns ``[..., Hk, G, M, Dv]``; rows with nothing to attend produce zeros.
     """
-    hq, hk = q.shape[-3], k.shape[-3]
-    k = k.float().repeat_interleave(hq // hk, dim=-3)
-    v = v.float().repeat_interleave(hq // hk, dim=-3)
-    scores = torch.matmul(q.float(), k.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
+    group, m = q.shape[-3], q.shape[-2]
+    grouped = q.float().flatten(-3, -2)  # [..., Hk, G*M, D]: one matmul per KV head
+    scores = torch.matmul(grouped, k.transpose(-1, -2)) * scale
+    scores = scores.unflatten(-2, (group, m)).masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    return torch.matmul(probs, v)
+    return torch.matmul(probs.flatten(-3, -2), v).unflatten(-2, (group, m))
 
 
 def paged_decode_attention(
@@ -45,14 +53,21 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """One query token per request attending to its first ``seq_lens[b]`` cached tokens."""
+    """One query token per request attending to its first ``seq_lens[b]`` cached tokens.
+
+    The whole batch at once: every request reads the full block-table width ``L`` and
+    positions ``>= seq_lens[b]`` are masked.
+    """
+    batch, hq, _ = q.shape
+    hk = k_cache.shape[2]
     length = block_tables.shape[1] * k_cache.shape[1]
-    k = _gather_pages(k_cache, block_tables, length).transpose(1, 2)  # [B, Hk, L, D]
-    v = _gather_pages(v_cache, block_tables, length).transpose(1, 2)
+    k = _gather_pages(k_cache, block_tables, length)  # [B, Hk, L, D]
+    v = _gather_pages(v_cache, block_tables, length)
     pos = torch.arange(length, device=q.device)
-    mask = (pos[None, :] < seq_lens.long()[:, None])[:, None, None, :]  # [B, 1, 1, L]
-    out = _attend(q.unsqueeze(2), k, v, mask, scale)  # [B, Hq, 1, Dv]
-    return out.squeeze(2).to(q.dtype)
+    mask = pos[None, :] < seq_lens.long()[:, None]  # [B, L]
+    qg = q.reshape(batch, hk, hq // hk, 1, q.shape[-1])  # [B, Hk, G, 1, D]
+    out = _attend(qg, k, v, mask[:, None, None, None, :], scale)  # [B, Hk, G, 1, Dv]
+    return out.reshape(batch, hq, v_cache.shape[-1]).to(q.dtype)
 
 
 def paged_extend_attention(
@@ -70,21 +85,25 @@ def paged_extend_attention(
     Request ``b`` owns queries ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``, sitting at kv
     positions ``seq_lens[b] - q_len .. seq_lens[b] - 1``. Loops over requests (reference).
     """
-    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    num_tokens, hq, head_dim = q.shape
+    page_size, hk, v_dim = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]
+    out = q.new_empty(num_tokens, hq, v_dim)
     bounds = cu_seqlens_q.tolist()
     lengths = seq_lens.tolist()
     for b, kv_len in enumerate(lengths):
         start, end = bounds[b], bounds[b + 1]
         if end == start:
             continue
-        k = _gather_pages(k_cache, block_tables[b], kv_len).transpose(0, 1)  # [Hk, N, D]
-        v = _gather_pages(v_cache, block_tables[b], kv_len).transpose(0, 1)
+        pages = block_tables[b, : -(-kv_len // page_size)]
+        k = _gather_pages(k_cache, pages, kv_len)  # [Hk, N, D]
+        v = _gather_pages(v_cache, pages, kv_len)
         q_pos = torch.arange(kv_len - (end - start), kv_len, device=q.device)
         kv_pos = torch.arange(kv_len, device=q.device)
         if causal:
-            mask = kv_pos[None, :] <= q_pos[:, None]
+            mask = kv_pos[None, :] <= q_pos[:, None]  # [M, N]
         else:
             mask = torch.ones(end - start, kv_len, dtype=torch.bool, device=q.device)
-        qb = q[start:end].transpose(0, 1)  # [Hq, M, D]
-        out[start:end] = _attend(qb, k, v, mask[None], scale).transpose(0, 1).to(q.dtype)
+        qb = q[start:end].reshape(end - start, hk, hq // hk, head_dim).permute(1, 2, 0, 3)
+        ob = _attend(qb, k, v, mask, scale)  # [Hk, G, M, Dv]
+        out[start:end] = ob.permute(2, 0, 1, 3).reshape(end - start, hq, v_dim).to(q.dtype)
     return out

@@ -102,6 +102,53 @@ def extend(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, cau
     return out
 
 
+def dense_attention(q, keys, values, mask, scale):
+    """Masked softmax attention with K/V repeated per query head; float64.
+
+    ``q[Hq, M, D]``, ``keys[Hk, N, D]``, ``values[Hk, N, Dv]``, ``mask[M, N]`` (True = attend);
+    rows with nothing to attend are zeros. The formulation the torch references used before
+    they grouped query heads, kept as a second oracle that is fast enough for model shapes.
+    """
+    group = q.shape[0] // keys.shape[0]
+    keys = keys.double().repeat_interleave(group, dim=0)
+    values = values.double().repeat_interleave(group, dim=0)
+    scores = (q.double() @ keys.transpose(-1, -2)) * scale
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
+    return probs @ values
+
+
+def token_slots(cache, block_table, length):
+    """``[length, Hk, D]``: the request's first ``length`` tokens, one slot per token."""
+    page_size = cache.shape[1]
+    pos = torch.arange(length)
+    slots = block_table.long()[pos // page_size] * page_size + pos % page_size
+    return cache.reshape(-1, *cache.shape[2:])[slots]
+
+
+def decode_dense(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    out = torch.zeros(q.shape[0], q.shape[1], v_cache.shape[3], dtype=torch.float64)
+    for b, n in enumerate(seq_lens.tolist()):
+        keys = token_slots(k_cache, block_tables[b], n).transpose(0, 1)
+        values = token_slots(v_cache, block_tables[b], n).transpose(0, 1)
+        mask = torch.ones(1, n, dtype=torch.bool)
+        out[b] = dense_attention(q[b, :, None], keys, values, mask, scale)[:, 0]
+    return out
+
+
+def extend_dense(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, causal):
+    out = torch.zeros(q.shape[0], q.shape[1], v_cache.shape[3], dtype=torch.float64)
+    bounds = cu_seqlens_q.tolist()
+    for b, n in enumerate(seq_lens.tolist()):
+        start, end = bounds[b], bounds[b + 1]
+        keys = token_slots(k_cache, block_tables[b], n).transpose(0, 1)
+        values = token_slots(v_cache, block_tables[b], n).transpose(0, 1)
+        q_pos = torch.arange(n - (end - start), n)
+        mask = torch.arange(n)[None, :] <= q_pos[:, None] if causal else q_pos[:, None] >= 0
+        attn = dense_attention(q[start:end].transpose(0, 1), keys, values, mask, scale)
+        out[start:end] = attn.transpose(0, 1)
+    return out
+
+
 def fused_moe(x, w13, w2, topk_weights, topk_ids):
     x = x.double()
     inter = w2.shape[2]

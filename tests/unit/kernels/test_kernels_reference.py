@@ -118,6 +118,34 @@ def test_paged_extend_matches_float64(dtype, page_size, causal):
     close(out, f64.extend(q, k_cache, v_cache, tables, cu, lens, 0.25, causal), dtype)
 
 
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_paged_decode_matches_dense_oracle_at_model_shapes(group):
+    """A tiny-model-sized batch (64 requests, up to 640 tokens, pages of 16) in float32."""
+    gen = torch.Generator().manual_seed(group)
+    seq_lens = torch.randint(1, 641, (64,), generator=gen).tolist()
+    seq_lens[5] = 0
+    k_cache, v_cache, tables, lens = paged_kv(seq_lens, 2, 32, 16, torch.float32)
+    qkv = torch.randn(64, 3 * 2 * group, 32, generator=gen)
+    q = qkv[:, : 2 * group]  # a non-contiguous slice, as the model passes it
+    out = paged_decode_attention(q, k_cache, v_cache, tables, lens, 32**-0.5)
+    want = f64.decode_dense(q, k_cache, v_cache, tables, lens, 32**-0.5)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    assert torch.all(out[5] == 0)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_paged_extend_matches_dense_oracle_at_model_shapes(causal):
+    gen = torch.Generator().manual_seed(1)
+    q_lens = [40, 1, 0, 200, 17, 33]
+    seq_lens = [40, 130, 9, 200, 100, 33]  # cached prefixes 0, 129, 9, 0, 83, 0
+    k_cache, v_cache, tables, lens = paged_kv(seq_lens, 2, 32, 16, torch.float32)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(sum(q_lens), 4, 32, generator=gen)
+    out = paged_extend_attention(q, k_cache, v_cache, tables, cu, lens, 0.2, causal)
+    want = f64.extend_dense(q, k_cache, v_cache, tables, cu, lens, 0.2, causal)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
 def _check_route(logits, top_k, **kw):
     weights, ids = moe_route(logits, top_k, **kw)
     assert weights.dtype == torch.float32 and ids.dtype == torch.int32
