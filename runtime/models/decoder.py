@@ -147,16 +147,15 @@ class DecoderLayer(PreNormBlock):
             self.mlp = DenseMLP(cfg.hidden_size, int(cfg.raw["intermediate_size"]), spec.mlp_bias)
 
 
-class DecoderModel(nn.Module):
-    """Embedding, decoder layers, final norm."""
+class ModelBody(nn.Module):
+    """Embedding, a stack of pre-norm blocks, final norm: the forward every model shares.
 
-    def __init__(self, cfg: HFConfig, spec: DecoderSpec, max_positions: int) -> None:
-        super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg, spec, i, max_positions) for i in range(cfg.num_layers)
-        )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+    Subclasses build `embed_tokens`, `layers` and `norm`.
+    """
+
+    embed_tokens: nn.Module
+    layers: nn.ModuleList
+    norm: nn.Module
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
@@ -169,35 +168,16 @@ class DecoderModel(nn.Module):
         return hidden
 
 
-# checkpoint sub-name -> (our parameter sub-name, shard id)
-_STACKED = [
-    (".q_proj.", ".qkv_proj.", "q"),
-    (".k_proj.", ".qkv_proj.", "k"),
-    (".v_proj.", ".qkv_proj.", "v"),
-    (".gate_proj.", ".gate_up_proj.", "gate"),
-    (".up_proj.", ".gate_up_proj.", "up"),
-]
-_EXPERT = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-_FUSED_EXPERT = re.compile(r"^(.*\.mlp)\.experts\.(gate_up_proj|down_proj)$")
+class CausalLM(nn.Module):
+    """A model body plus its LM head: hidden states for every token, logits for sampled rows.
 
+    Subclasses set `config` and `model`, then call `_init_lm_head`.
+    """
 
-def _fully_loaded(param: nn.Parameter, shards: set[str] | None) -> bool:
-    """A stacked parameter counts as loaded only when every shard (or the fused form) arrived."""
-    if not shards:
-        return False
-    expected = getattr(param, "expected_shards", None)
-    return expected is None or "fused" in shards or expected <= shards
+    config: HFConfig
+    model: ModelBody
 
-
-class DecoderForCausalLM(nn.Module):
-    """A Llama-family causal LM; subclasses pick the ``DecoderSpec``."""
-
-    spec = DecoderSpec()
-
-    def __init__(self, cfg: HFConfig, max_positions: int) -> None:
-        super().__init__()
-        self.config = cfg
-        self.model = DecoderModel(cfg, self.spec, max_positions)
+    def _init_lm_head(self, cfg: HFConfig) -> None:
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
@@ -212,15 +192,60 @@ class DecoderForCausalLM(nn.Module):
         """float32 logits for the rows given (the sampled positions only)."""
         return self.lm_head(hidden)
 
+
+class DecoderModel(ModelBody):
+    """Embedding, GQA decoder layers, final norm."""
+
+    def __init__(self, cfg: HFConfig, spec: DecoderSpec, max_positions: int) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, spec, i, max_positions) for i in range(cfg.num_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+# checkpoint sub-name -> (our parameter sub-name, shard id)
+_STACKED = [
+    (".q_proj.", ".qkv_proj.", "q"),
+    (".k_proj.", ".qkv_proj.", "k"),
+    (".v_proj.", ".qkv_proj.", "v"),
+    (".gate_proj.", ".gate_up_proj.", "gate"),
+    (".up_proj.", ".gate_up_proj.", "up"),
+]
+# Per-expert and fused-expert checkpoint tensor names (shared by every MoE architecture).
+EXPERT_WEIGHT = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+FUSED_EXPERT_WEIGHT = re.compile(r"^(.*\.mlp)\.experts\.(gate_up_proj|down_proj)$")
+
+
+def _fully_loaded(param: nn.Parameter, shards: set[str] | None) -> bool:
+    """A stacked parameter counts as loaded only when every shard (or the fused form) arrived."""
+    if not shards:
+        return False
+    expected = getattr(param, "expected_shards", None)
+    return expected is None or "fused" in shards or expected <= shards
+
+
+class DecoderForCausalLM(CausalLM):
+    """A Llama-family causal LM; subclasses pick the ``DecoderSpec``."""
+
+    spec = DecoderSpec()
+
+    def __init__(self, cfg: HFConfig, max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderModel(cfg, self.spec, max_positions)
+        self._init_lm_head(cfg)
+
     def _route(self, name: str) -> tuple[str, str | None]:
         """Map a checkpoint tensor name to ``(parameter name, shard id or None)``."""
-        m = _EXPERT.match(name)
+        m = EXPERT_WEIGHT.match(name)
         if m:
             prefix, expert, which = m.groups()
             if which == "down_proj":
                 return f"{prefix}.w2", expert
             return f"{prefix}.w13", f"{expert}:{which.removesuffix('_proj')}"
-        m = _FUSED_EXPERT.match(name)
+        m = FUSED_EXPERT_WEIGHT.match(name)
         if m:
             prefix, which = m.groups()
             return f"{prefix}.{'w13' if which == 'gate_up_proj' else 'w2'}", "fused"

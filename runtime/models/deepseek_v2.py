@@ -52,7 +52,14 @@ from tokenspeed.runtime.layers.norm import RMSNorm
 from tokenspeed.runtime.layers.rotary import RotaryEmbedding
 from tokenspeed.runtime.model_loader.config import HFConfig
 from tokenspeed.runtime.model_loader.errors import ModelLoadError
-from tokenspeed.runtime.models.decoder import DenseMLP, PreNormBlock
+from tokenspeed.runtime.models.decoder import (
+    EXPERT_WEIGHT,
+    FUSED_EXPERT_WEIGHT,
+    CausalLM,
+    DenseMLP,
+    ModelBody,
+    PreNormBlock,
+)
 
 logger = logging.getLogger("tokenspeed.models.deepseek")
 
@@ -284,7 +291,7 @@ class DeepseekMTPLayer(DeepseekDecoderLayer):
         self.shared_head = DeepseekSharedHead(cfg)
 
 
-class DeepseekModel(nn.Module):
+class DeepseekModel(ModelBody):
     """Embedding, decoder layers, final norm; the MTP layers ride along unused."""
 
     def __init__(self, cfg: HFConfig, mc: MLAConfig, max_positions: int) -> None:
@@ -306,23 +313,11 @@ class DeepseekModel(nn.Module):
             for i in range(mc.num_mtp_layers)
         )
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        residual: torch.Tensor | None = None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, batch)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
 
-
-_EXPERT = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-_FUSED_EXPERT = re.compile(r"^(.*\.mlp)\.experts\.(gate_up_proj|down_proj)$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.*)$")
 
 
-class DeepseekV2ForCausalLM(nn.Module):
+class DeepseekV2ForCausalLM(CausalLM):
     """DeepSeek-V2 / V2-Lite (softmax routing); V3 and Kimi-K2 through the subclass below."""
 
     def __init__(self, cfg: HFConfig, max_positions: int) -> None:
@@ -330,19 +325,7 @@ class DeepseekV2ForCausalLM(nn.Module):
         self.config = cfg
         self.mc = MLAConfig.from_hf(cfg)
         self.model = DeepseekModel(cfg, self.mc, max_positions)
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size)
-        if cfg.tie_word_embeddings:
-            self.lm_head.tie_to(self.model.embed_tokens)
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:
-        """Hidden states ``[T, hidden]`` of every token of the step."""
-        return self.model(input_ids, positions, batch)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits for the rows given (the sampled positions only)."""
-        return self.lm_head(hidden)
+        self._init_lm_head(cfg)
 
     def kv_cache_layout(self, page_size: int, dtype: torch.dtype) -> MLALayout:
         """The latent cache this model needs: ``kv_lora_rank + qk_rope_head_dim`` per token."""
@@ -369,13 +352,13 @@ class DeepseekV2ForCausalLM(nn.Module):
             if mtp >= len(self.model.mtp_layers):
                 return None, None  # MTP weights the config does not ask to hold
             name = f"model.mtp_layers.{mtp}.{m.group(2)}"
-        m = _EXPERT.match(name)
+        m = EXPERT_WEIGHT.match(name)
         if m:
             prefix, expert, which = m.groups()
             if which == "down_proj":
                 return f"{prefix}.w2", expert
             return f"{prefix}.w13", f"{expert}:{which.removesuffix('_proj')}"
-        m = _FUSED_EXPERT.match(name)
+        m = FUSED_EXPERT_WEIGHT.match(name)
         if m:
             prefix, which = m.groups()
             return f"{prefix}.{'w13' if which == 'gate_up_proj' else 'w2'}", "fused"
