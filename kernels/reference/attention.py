@@ -56,18 +56,27 @@ def paged_decode_attention(
     """One query token per request attending to its first ``seq_lens[b]`` cached tokens.
 
     The whole batch at once: every request reads the full block-table width ``L`` and
-    positions ``>= seq_lens[b]`` are masked.
+    positions ``>= seq_lens[b]`` are masked. K/V stay token-major as gathered
+    (``[B, L, Hk, D]``): each KV head is a strided ``[B, L, D]`` batch that ``bmm`` reads in
+    place, which saves the head-major copy (a loop over KV heads, not over tokens).
     """
-    batch, hq, _ = q.shape
-    hk = k_cache.shape[2]
-    length = block_tables.shape[1] * k_cache.shape[1]
-    k = _gather_pages(k_cache, block_tables, length)  # [B, Hk, L, D]
-    v = _gather_pages(v_cache, block_tables, length)
+    batch, hq, head_dim = q.shape
+    num_pages, page_size, hk, _ = k_cache.shape
+    group, v_dim = hq // hk, v_cache.shape[-1]
+    length = block_tables.shape[1] * page_size
+    pages = block_tables.long().clamp(0, num_pages - 1).flatten()
+    k = k_cache.index_select(0, pages).view(batch, length, hk, head_dim).float()
+    v = v_cache.index_select(0, pages).view(batch, length, hk, v_dim).float()
     pos = torch.arange(length, device=q.device)
-    mask = pos[None, :] < seq_lens.long()[:, None]  # [B, L]
-    qg = q.reshape(batch, hk, hq // hk, 1, q.shape[-1])  # [B, Hk, G, 1, D]
-    out = _attend(qg, k, v, mask[:, None, None, None, :], scale)  # [B, Hk, G, 1, Dv]
-    return out.reshape(batch, hq, v_cache.shape[-1]).to(q.dtype)
+    visible = pos[None, :] < seq_lens.long()[:, None]  # [B, L]
+    bias = torch.zeros(visible.shape, device=q.device).masked_fill_(~visible, float("-inf"))
+    qg = q.float().reshape(batch, hk, group, head_dim)
+    out = torch.empty(batch, hk, group, v_dim, device=q.device)
+    for h in range(hk):
+        scores = torch.baddbmm(bias[:, None, :], qg[:, h], k[:, :, h].transpose(1, 2), alpha=scale)
+        probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # empty requests -> zeros
+        out[:, h] = torch.bmm(probs, v[:, :, h])
+    return out.reshape(batch, hq, v_dim).to(q.dtype)
 
 
 def paged_extend_attention(
