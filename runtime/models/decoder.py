@@ -171,7 +171,8 @@ class ModelBody(nn.Module):
 class CausalLM(nn.Module):
     """A model body plus its LM head: hidden states for every token, logits for sampled rows.
 
-    Subclasses set `config` and `model`, then call `_init_lm_head`.
+    Subclasses set `config` and `model`, call `_init_lm_head`, and define `_route(name)`,
+    which maps a checkpoint tensor name to ``(parameter name or None to skip, shard id)``.
     """
 
     config: HFConfig
@@ -191,6 +192,42 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits for the rows given (the sampled positions only)."""
         return self.lm_head(hidden)
+
+    def _after_loading(self, loaded: dict[str, set[str]]) -> None:
+        """Hook between copying tensors and checking coverage (e.g. drop unused layers)."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors into parameters; every parameter must be covered."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        tied = self.config.tie_word_embeddings
+        loaded: dict[str, set[str]] = {}
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
+                continue
+            target, shard = self._route(name)
+            if target is None:
+                continue
+            param = params.get(target)
+            if param is None:
+                raise ModelLoadError(f"checkpoint tensor {name!r} has no matching model parameter")
+            loader = getattr(param, "weight_loader", None)
+            try:
+                if shard is None or loader is None:
+                    default_weight_loader(param, tensor)
+                else:
+                    loader(param, tensor, shard)
+            except ModelLoadError as exc:
+                raise ModelLoadError(f"{name}: {exc}") from exc
+            loaded.setdefault(target, set()).add(shard or "")
+        self._after_loading(loaded)
+        missing = [
+            n
+            for n, p in self.named_parameters(remove_duplicate=False)
+            if not _fully_loaded(p, loaded.get(n)) and not (tied and n == "lm_head.weight")
+        ]
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise ModelLoadError(f"checkpoint lacks {len(missing)} weight(s): {shown}")
 
 
 class DecoderModel(ModelBody):
@@ -253,33 +290,3 @@ class DecoderForCausalLM(CausalLM):
             if ckpt in name:
                 return name.replace(ckpt, ours), shard
         return name, None
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors into parameters; every parameter must be covered."""
-        params = dict(self.named_parameters(remove_duplicate=False))
-        tied = self.config.tie_word_embeddings
-        loaded: dict[str, set[str]] = {}
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
-                continue
-            target, shard = self._route(name)
-            param = params.get(target)
-            if param is None:
-                raise ModelLoadError(f"checkpoint tensor {name!r} has no matching model parameter")
-            loader = getattr(param, "weight_loader", None)
-            try:
-                if shard is None or loader is None:
-                    default_weight_loader(param, tensor)
-                else:
-                    loader(param, tensor, shard)
-            except ModelLoadError as exc:
-                raise ModelLoadError(f"{name}: {exc}") from exc
-            loaded.setdefault(target, set()).add(shard or "")
-        missing = [
-            n
-            for n, p in params.items()
-            if not _fully_loaded(p, loaded.get(n)) and not (tied and n == "lm_head.weight")
-        ]
-        if missing:
-            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise ModelLoadError(f"checkpoint lacks {len(missing)} weight(s): {shown}")

@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,13 +44,12 @@ from tokenspeed import kernels, mla
 from tokenspeed.runtime.forward_batch import ForwardBatch
 from tokenspeed.runtime.kv_pool import MLALayout
 from tokenspeed.runtime.layers.embedding import LMHead, VocabEmbedding
-from tokenspeed.runtime.layers.linear import Linear, MergedLinear, default_weight_loader
+from tokenspeed.runtime.layers.linear import Linear, MergedLinear
 from tokenspeed.runtime.layers.mla import MLAAttention
 from tokenspeed.runtime.layers.moe import FusedMoE
 from tokenspeed.runtime.layers.norm import RMSNorm
 from tokenspeed.runtime.layers.rotary import RotaryEmbedding
 from tokenspeed.runtime.model_loader.config import HFConfig
-from tokenspeed.runtime.model_loader.errors import ModelLoadError
 from tokenspeed.runtime.models.decoder import (
     EXPERT_WEIGHT,
     FUSED_EXPERT_WEIGHT,
@@ -375,33 +373,9 @@ class DeepseekV2ForCausalLM(CausalLM):
                 return name.replace(ckpt, ours), shard
         return name.replace(".self_attn.kv_b_proj.", ".self_attn.mla.kv_b_proj."), None
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors into parameters; every parameter must be covered.
-
-        MTP layers absent from the checkpoint are dropped (with a log line) rather than
-        reported missing: transformers' own checkpoints never contain them.
-        """
-        params = dict(self.named_parameters(remove_duplicate=False))
-        tied = self.config.tie_word_embeddings
-        loaded: dict[str, set[str]] = {}
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"):
-                continue
-            target, shard = self._route(name)
-            if target is None:
-                continue
-            param = params.get(target)
-            if param is None:
-                raise ModelLoadError(f"checkpoint tensor {name!r} has no matching model parameter")
-            loader = getattr(param, "weight_loader", None)
-            try:
-                if shard is None or loader is None:
-                    default_weight_loader(param, tensor)
-                else:
-                    loader(param, tensor, shard)
-            except ModelLoadError as exc:
-                raise ModelLoadError(f"{name}: {exc}") from exc
-            loaded.setdefault(target, set()).add(shard or "")
+    def _after_loading(self, loaded: dict[str, set[str]]) -> None:
+        """MTP layers absent from the checkpoint are dropped (with a log line) rather than
+        reported missing: transformers' own checkpoints never contain them."""
         if len(self.model.mtp_layers) and not any(
             n.startswith("model.mtp_layers.") for n in loaded
         ):
@@ -410,23 +384,6 @@ class DeepseekV2ForCausalLM(CausalLM):
                 len(self.model.mtp_layers),
             )
             self.model.mtp_layers = nn.ModuleList()
-            params = dict(self.named_parameters(remove_duplicate=False))
-        missing = [
-            n
-            for n, p in params.items()
-            if not _fully_loaded(p, loaded.get(n)) and not (tied and n == "lm_head.weight")
-        ]
-        if missing:
-            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise ModelLoadError(f"checkpoint lacks {len(missing)} weight(s): {shown}")
-
-
-def _fully_loaded(param: nn.Parameter, shards: set[str] | None) -> bool:
-    """A stacked parameter counts as loaded only when every shard (or the fused form) arrived."""
-    if not shards:
-        return False
-    expected = getattr(param, "expected_shards", None)
-    return expected is None or "fused" in shards or expected <= shards
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
