@@ -9,9 +9,12 @@ Measures the device-copy bandwidth and the bf16 matmul rate first (``device_roof
   element size) + (B x H x q_len x 1088 x 2) for the bf16 query and output; FLOPs =
   2 x B x H x q_len x KV length x 1088. Reported as fractions of the copy bandwidth and
   the matmul rate measured in the same run.
-* prefill: one request of 8k and 32k tokens, 128 heads, q/k head dim 192, v 128, causal,
-  ``mla_prefill`` and ``scaled_dot_product_attention`` with the cuDNN backend on the same
-  tensors. FLOPs = 2 x H x (visible q-k pairs) x (192 + 128).
+* prefill: one request of 8k and 32k tokens, 128 heads, q/k head dim 192, v 128, causal:
+  ``scaled_dot_product_attention`` with the cuDNN backend, ``mla_prefill`` (the registry's
+  choice: the SDPA candidate for this shape) and the Triton kernel with each launch variant
+  of ``configs.PREFILL_VARIANTS`` (``--prefill-variants a,b`` to pick), on the same tensors;
+  TFLOP/s, the ratio to cuDNN and the max abs difference from cuDNN's output.
+  FLOPs = 2 x H x (visible q-k pairs) x (192 + 128).
 * ``--sweep``: also times decode launch configs (row block, KV tile, warps, stages, splits)
   per shape, within ``--sweep-seconds``, and reports the best found.
 
@@ -184,41 +187,92 @@ def _prefill_inputs(tokens: int, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-def prefill_case(tokens: int, impl: str, args: argparse.Namespace, bounds: dict) -> Row:
-    """Time causal prefill of one ``tokens``-long request: ours or SDPA with cuDNN."""
+# cuDNN's TFLOP/s per prefill length, filled by the "sdpa_cudnn" case (which runs first).
+_CUDNN_TFLOPS: dict[int, float] = {}
+
+
+def _cudnn_sdpa(inp: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
+    """Causal SDPA with the cuDNN backend on ``[1, H, T, D]`` views of the inputs."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tokenspeed.mla import mla_prefill
+    q, k, v = (inp[n].transpose(0, 1).unsqueeze(0) for n in ("q", "k", "v"))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+
+def _prefill_call(impl: str, inp: dict[str, torch.Tensor], out: torch.Tensor, scale: float):
+    """The timed call of ``impl``: "sdpa_cudnn", "mla_prefill" (the registry's choice) or
+    "triton:<variant>" (the Triton kernel with ``configs.PREFILL_VARIANTS[variant]``)."""
+    from tokenspeed.mla import configs, mla_prefill, triton_prefill
+
+    tokens = inp["q"].shape[0]
+    if impl == "sdpa_cudnn":
+        return lambda _: _cudnn_sdpa(inp, scale)
+    if impl == "mla_prefill":
+        fn, extra = mla_prefill, {}
+    else:
+        fn, extra = triton_prefill.mla_prefill, {"config": configs.PREFILL_VARIANTS[impl[7:]]}
+
+    def call(_: Any) -> None:
+        fn(inp["q"], inp["k"], inp["v"], inp["cu"], inp["cu"], softmax_scale=scale, causal=True,
+           max_seqlen_q=tokens, max_seqlen_kv=tokens, out=out, **extra)  # fmt: skip
+
+    return call
+
+
+def prefill_case(tokens: int, impl: str, args: argparse.Namespace, bounds: dict) -> Row:
+    """Time causal prefill of one ``tokens``-long request (see ``_prefill_call`` for ``impl``).
+
+    Every non-cuDNN row also reports its max abs difference from cuDNN's output (a wrong
+    fast variant must not win) and its TFLOP/s as a fraction of cuDNN's in the same run.
+    """
+    from tokenspeed.kernels import selection_records
 
     inp = _prefill_inputs(tokens, 0)
     scale = 1 / math.sqrt(PREFILL_QK)
-    out = torch.empty(tokens, PREFILL_HEADS, PREFILL_V, dtype=torch.bfloat16, device="cuda")
+    out = torch.full((tokens, PREFILL_HEADS, PREFILL_V), float("nan"), dtype=torch.bfloat16,
+                     device="cuda")  # fmt: skip
+    call = _prefill_call(impl, inp, out, scale)
+    row: Row = {"kernel": impl}
+    if impl != "sdpa_cudnn":
+        call(None)
+        ref = _cudnn_sdpa(inp, scale)[0].transpose(0, 1)
+        row["max_abs_err_vs_cudnn"] = (out.float() - ref.float()).abs().max().item()
+        del ref
     if impl == "mla_prefill":
+        row["kernel"] = [r["kernel"] for r in selection_records() if r["op"] == "mla.prefill"][-1]
+    elif impl.startswith("triton:"):
+        from tokenspeed.mla.configs import PREFILL_VARIANTS
 
-        def call(_: Any) -> None:
-            mla_prefill(inp["q"], inp["k"], inp["v"], inp["cu"], inp["cu"], softmax_scale=scale,
-                        causal=True, max_seqlen_q=tokens, max_seqlen_kv=tokens, out=out)  # fmt: skip
-
-    else:
-        q, k, v = (inp[n].transpose(0, 1).unsqueeze(0) for n in ("q", "k", "v"))
-
-        def call(_: Any) -> None:
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-
+        row["config"] = PREFILL_VARIANTS[impl[7:]]
     timing, _ = _timing(call, lambda i: None, 1 << 40, max(5, args.replays // 5))
     pairs = tokens * (tokens + 1) / 2
     flops = 2.0 * PREFILL_HEADS * pairs * (PREFILL_QK + PREFILL_V)
     tflops = flops / (timing.median_us * 1e-6) / 1e12
+    if impl == "sdpa_cudnn":
+        _CUDNN_TFLOPS[tokens] = tflops
+    elif tokens in _CUDNN_TFLOPS:
+        row["vs_cudnn"] = tflops / _CUDNN_TFLOPS[tokens]
     return {
-        "kernel": impl,
+        **row,
         "timing": timing.method,
         "median_us": timing.median_us,
         "flops": flops,
         "tflops": tflops,
         "frac_matmul": tflops / bounds["bf16_tflops"],
     }
+
+
+def prefill_impls(args: argparse.Namespace) -> list[str]:
+    """cuDNN first (the ratios need it), the registry's choice, then each Triton variant."""
+    from tokenspeed.mla.configs import PREFILL_VARIANTS
+
+    wanted = args.prefill_variants.split(",") if args.prefill_variants else list(PREFILL_VARIANTS)
+    unknown = [v for v in wanted if v and v not in PREFILL_VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown prefill variants {unknown}; known: {sorted(PREFILL_VARIANTS)}")
+    return ["sdpa_cudnn", "mla_prefill", *(f"triton:{v}" for v in wanted if v)]
 
 
 def cases(args: argparse.Namespace) -> Iterator[tuple[str, Callable[[dict], Row]]]:
@@ -231,7 +285,7 @@ def cases(args: argparse.Namespace) -> Iterator[tuple[str, Callable[[dict], Row]
                 label = f"decode {'fp8' if fp8 else 'bf16'} h{heads} q{q_len}"
                 yield label, lambda b, h=heads, q=q_len, f=fp8: decode_case(h, q, f, args, b)
     for tokens in [8192] if args.quick else [8192, 32768]:
-        for impl in ("mla_prefill", "sdpa_cudnn"):
+        for impl in prefill_impls(args):
             label = f"prefill causal {tokens // 1024}k {impl}"
             yield label, lambda b, t=tokens, i=impl: prefill_case(t, i, args, b)
     if args.sweep:
@@ -292,6 +346,12 @@ def environment() -> dict[str, Any]:
     }
 
 
+def _kernel_cell(r: Row) -> str:
+    """The kernel name, with the ratio to cuDNN on prefill rows."""
+    ratio = r.get("vs_cudnn")
+    return r.get("kernel", "") + ("" if ratio is None else f" ({ratio:.2f}x cuDNN)")
+
+
 def render(rows: list[Row], bounds: dict[str, float]) -> None:
     """Print the results as a rich table."""
     from rich.console import Console
@@ -316,7 +376,7 @@ def render(rows: list[Row], bounds: dict[str, float]) -> None:
             table.add_row(r["case"], "[red]error[/]", "", r["error"][:80], "", "", "", "")
             continue
         table.add_row(
-            r["case"], r.get("kernel", ""), str(r.get("num_splits", r.get("best_config", ""))),
+            r["case"], _kernel_cell(r), str(r.get("num_splits", r.get("best_config", ""))),
             num(r.get("median_us"), ".1f"), num(r.get("gbps"), ".0f"), pct(r.get("frac_copy_bw")),
             num(r.get("tflops"), ".1f"), pct(r.get("frac_matmul")),
         )  # fmt: skip
@@ -332,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also sweep decode launch configs")
     parser.add_argument("--only", default="", help="run only cases whose label starts so")
     parser.add_argument("--sweep-seconds", type=float, default=60.0, help="budget per sweep shape")
+    parser.add_argument("--prefill-variants", default="",
+                        help="comma list of configs.PREFILL_VARIANTS to time (default: all)")  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("tokenspeed.mla.bench: needs a CUDA device", file=sys.stderr)

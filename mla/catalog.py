@@ -16,6 +16,7 @@ __all__ = ["register_mla_kernels"]
 _PKG = __name__.rpartition(".")[0]
 FLOATS = ("float32", "float16", "bfloat16")
 FP8 = ("float8_e4m3fn",)
+HALF = ("float16", "bfloat16")
 
 _REFERENCES = (
     ("decode", "torch_mla_decode", "mla_decode"),
@@ -79,6 +80,72 @@ def _triton(
     )
 
 
+def _register_sdpa_prefill() -> None:
+    """cuDNN's fused attention through torch SDPA (a vendor kernel, not ours), ranked above the
+    Triton kernel where the shape traits prove it computes the op exactly: one request, no
+    cached prefix (SDPA's top-left causal mask is then the op's end-aligned one), no LSE
+    (the public SDPA call does not return it). Anything else runs the Triton kernel."""
+    from tokenspeed.kernels.torch_ops import SDPA_HEAD_DIM
+
+    register_kernel(
+        "mla",
+        "prefill",
+        name="sdpa_mla_prefill",
+        solution="sdpa",
+        impl=f"{_PKG}.sdpa_prefill:mla_prefill",
+        capability=Capability(devices=("cuda",), vendors=("nvidia",), min_compute=(8, 0)),
+        signatures=[{"q": HALF, "k": HALF, "v": HALF}],
+        traits={
+            "batch": one_of(1),
+            "prefix": one_of("none"),
+            "return_lse": one_of(False),
+            "qk_head_dim": SDPA_HEAD_DIM,
+            "v_head_dim": SDPA_HEAD_DIM,
+        },
+        priority=Priority.PERFORMANT,
+        tags=("deterministic",),
+        config_space=f"{_PKG}.configs:sdpa_prefill_config_space",
+        default_config=f"{_PKG}.configs:sdpa_prefill_default_config",
+        description="torch SDPA, cuDNN backend first (vendor kernel): one request, no prefix",
+    )
+
+
+_PAGE_FOR_CUTE = TraitRule(
+    "8, 16 or 32, or a multiple of 64", lambda v: v in (8, 16, 32) or (v > 0 and v % 64 == 0)
+)
+
+
+def _register_cute_decode() -> None:
+    """The CuTe DSL SM90 decode (TMA + wgmma), where ``nvidia-cutlass-dsl`` is installed.
+
+    It merges its split-KV partials with the Triton merge kernel, so it needs Triton too.
+    """
+    register_kernel(
+        "mla",
+        "decode",
+        name="cute_mla_decode_sm90",
+        solution="cute",
+        impl=f"{_PKG}.cute_decode:mla_decode",
+        capability=Capability(
+            devices=("cuda",),
+            vendors=("nvidia",),
+            min_compute=(9, 0),
+            max_compute=(9, 0),
+            requires=("cutlass", "triton"),
+        ),
+        signatures=[{"q": ("bfloat16",), "kv_cache": ("bfloat16",)}],
+        traits={
+            "kv_lora_rank": one_of(512),
+            "head_dim": one_of(576),
+            "q_len": between(1, 16),
+            "page_size": _PAGE_FOR_CUTE,
+        },
+        priority=Priority.SPECIALIZED,
+        tags=("deterministic",),
+        description="CuTe DSL SM90 MLA decode: TMA ring, wgmma with KV tokens on M",
+    )
+
+
 def register_mla_kernels() -> None:
     """Register the references, then the Triton kernels if Triton is installed (idempotent)."""
     global _registered
@@ -99,6 +166,7 @@ def register_mla_kernels() -> None:
         )
     if not triton_available():
         return
+    _register_cute_decode()
     decode_traits = {
         "kv_lora_rank": _POW2,
         "num_heads": between(1, 1024),
@@ -133,6 +201,7 @@ def register_mla_kernels() -> None:
         ("prefill_config_space", "prefill_default_config"),
         description="Triton varlen flash attention, q/k 192 + v 128, causal end-aligned",
     )
+    _register_sdpa_prefill()
     pack_cfg = ("pack_config_space", "pack_default_config")
     _triton(
         "kv_pack",

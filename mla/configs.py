@@ -203,23 +203,82 @@ def plan_decode(
     }
 
 
-# -- prefill ---------------------------------------------------------------------------------
+CUTE_TILE = 64  # KV tokens per tile of the CuTe decode
 
 
-def prefill_default_config(traits: Traits) -> Config:
-    """FlashAttention-style tiles: 128 query rows x 64 keys, 8 warps."""
-    small = int(traits.get("num_tokens", 1 << 20)) < 128
+def cute_decode_plan(
+    batch: int, q_len: int, heads: int, kv_len: int, page_size: int, *,
+    num_splits: int | None = None, config: dict[str, int] | None = None,
+) -> dict[str, int]:  # fmt: skip
+    """Launch of the CuTe SM90 decode (``cute_decode.py``), from shapes only.
+
+    Rows (query token x head pairs) go 16, 32 or 64 to a CTA (two consumer warp groups at
+    64); a page of 64+ tokens must hold whole 64-token tiles; one CTA fills an SM (the ring
+    of 72 KiB tiles takes most of its shared memory), which sizes the split count.
+    """
+    cfg = dict(config or {})
+    rows_per_req = q_len * heads
+    rows = int(cfg.get("rows", 16 if rows_per_req <= 16 else 32 if rows_per_req <= 32 else 64))
+    wgs = int(cfg.get("wgs", 1 if rows <= 32 else 2))
+    row_blocks = -(-rows_per_req // rows)
+    if page_size >= CUTE_TILE and page_size % CUTE_TILE:
+        raise ValueError(f"page_size={page_size}: pages of 64 tokens or more must hold whole tiles")
+    page_block = min(page_size, CUTE_TILE)
+    splits = num_splits or cfg.get("num_splits")
+    if not splits:  # one CTA per SM: the ring of 72 KiB tiles takes most of shared memory
+        splits = decode_num_splits(batch, row_blocks, kv_len, block_h=64)
+    splits = max(1, min(int(splits), max(1, -(-kv_len // CUTE_TILE))))
     return {
-        "block_m": 64 if small else 128,
-        "block_n": 64,
-        "num_warps": 4 if small else 8,
-        "num_stages": 2 if int(traits.get("qk_head_dim", 192)) > 128 else 3,
+        "rows": rows,
+        "wgs": wgs,
+        "row_blocks": row_blocks,
+        "page_block": page_block,
+        "stages": int(cfg.get("stages", 2)),
+        "num_splits": splits,
+        "workspace_bytes": batch * rows_per_req * splits * (512 + 1) * 4 if splits > 1 else 0,
     }
 
 
+# -- prefill ---------------------------------------------------------------------------------
+
+# Named prefill launches the benchmark times side by side (H200, 2026-12-01, causal, 128
+# heads, 192/128: docs/mla.md). "l2_s3" was the untuned default; "tma" measured fastest
+# (0.77x cuDNN at 8k, 0.82x at 32k); "m64" runs two 64-row CTAs per SM (0.69x).
+PREFILL_VARIANTS: dict[str, Config] = {
+    "l2_s3": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "tma": 0},
+    "tma": {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "tma": 1},
+    "m64": {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "tma": 0},
+    "m64_tma": {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "tma": 1},
+}  # fmt: skip
+
+
+def prefill_default_config(traits: Traits) -> Config:
+    """128 query rows x 64 keys, 8 warps (two warpgroups of 64 rows), 3 stages (2 stages
+    compile to ``cp.async.wait_group 0``: no load in flight across an iteration), TMA loads
+    for the unmasked tiles (fastest on the H200); 64-row tiles for short prefills."""
+    small = int(traits.get("num_tokens", 1 << 20)) < 128
+    if small:
+        return {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3, "tma": 0}
+    return dict(PREFILL_VARIANTS["tma"])
+
+
+def sdpa_prefill_default_config(traits: Traits) -> Config:
+    """Repeat K/V heads for GQA: every SDPA backend accepts it (``enable_gqa`` is not
+    supported by all of them, and MLA prefill has ``Hk == H`` anyway)."""
+    return {"gqa": "expand"}
+
+
+def sdpa_prefill_config_space(traits: Traits) -> list[Config]:
+    """GQA by repeating K/V heads or SDPA's native ``enable_gqa``."""
+    return _grid(gqa=["expand", "native"])
+
+
 def prefill_config_space(traits: Traits) -> list[Config]:
-    """Query/key tiles, warps and stages for tuning."""
-    return _grid(block_m=[64, 128], block_n=[32, 64, 128], num_warps=[4, 8], num_stages=[1, 2, 3])
+    """Query/key tiles, warps, stages and TMA loads for tuning."""
+    return _grid(
+        block_m=[64, 128], block_n=[32, 64, 128], num_warps=[4, 8], num_stages=[2, 3],
+        tma=[0, 1],
+    )  # fmt: skip
 
 
 # -- K/V pack and store ----------------------------------------------------------------------

@@ -82,6 +82,15 @@ def mla_decode_plan(
     """The launch plan ``mla_decode`` would use for these arguments (no kernel runs)."""
     sel = _decode_call(query, kv_cache, block_tables, kv_lora_rank, max_seq_len)
     batch, q_len, heads, _ = query.shape
+    if sel.kernel.solution == "cute":
+        from .configs import cute_decode_plan
+
+        capacity = block_tables.shape[1] * kv_cache.shape[1]
+        kv_len = min(max_seq_len, capacity) if max_seq_len else capacity
+        cute = cute_decode_plan(
+            batch, q_len, heads, kv_len, kv_cache.shape[1], num_splits=num_splits
+        )
+        return DecodePlan(sel.name, cute["num_splits"], 1, cute["rows"], cute["workspace_bytes"])
     if sel.kernel.solution != "triton":
         return DecodePlan(sel.name, 1, 1, 0, 0)
     plan = plan_decode(
@@ -142,6 +151,15 @@ def mla_decode(
     )
 
 
+def prefill_prefix_trait(num_q_tokens: int, num_kv_tokens: int) -> str:
+    """``"none"`` when shapes prove no request has a cached prefix, else ``"any"``.
+
+    Every request has ``kv_len_b >= q_len_b`` and the lengths sum to ``Tq`` / ``Tk``, so
+    ``Tq == Tk`` forces ``kv_len_b == q_len_b`` for all of them. No tensor value is read.
+    """
+    return "none" if num_q_tokens == num_kv_tokens else "any"
+
+
 def mla_prefill(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -164,7 +182,10 @@ def mla_prefill(
     the new tokens). Causal masks align the query block to the end of the KV sequence.
     ``max_seqlen_q`` (host-side) trims the launch grid; without it the grid is bounded by
     the total query tokens. ``out`` may be given (written in place and returned).
+    The ``cu_seqlens`` start at 0 and end at ``Tq`` / ``Tk`` (no padding rows), so the
+    shapes alone tell whether any request has a prefix (``Tq == Tk`` means none).
     """
+    batch = cu_seqlens_q.shape[0] - 1
     sel = dispatch(
         "mla",
         "prefill",
@@ -174,8 +195,12 @@ def mla_prefill(
             "qk_head_dim": query.shape[-1],
             "v_head_dim": value.shape[-1],
             "num_heads": query.shape[1],
+            "group_size": query.shape[1] // max(1, key.shape[1]),
             "causal": bool(causal),
+            "return_lse": bool(return_lse),
             "num_tokens": bucket(query.shape[0]),
+            "batch": bucket(batch),
+            "prefix": prefill_prefix_trait(query.shape[0], key.shape[0]),
         },
     )
     return sel.run(

@@ -102,3 +102,32 @@ def test_public_api():
     for name in ("mla_decode", "mla_prefill", "mla_kv_pack_quantize_fp8", "mla_store_kv",
                  "mla_decode_plan", "mla_kv_pack"):  # fmt: skip
         assert callable(getattr(M, name))
+
+
+def test_cute_decode_plan_rows_groups_pages_and_workspace():
+    plan = configs.cute_decode_plan(128, 1, 16, 4096, 64)
+    assert (plan["rows"], plan["wgs"], plan["row_blocks"], plan["page_block"]) == (16, 1, 1, 64)
+    plan = configs.cute_decode_plan(8, 2, 128, 4096, 16, num_splits=3)
+    assert (plan["rows"], plan["wgs"], plan["row_blocks"], plan["page_block"]) == (64, 2, 4, 16)
+    assert plan["workspace_bytes"] == 8 * 2 * 128 * 3 * 513 * 4
+    assert configs.cute_decode_plan(4, 1, 32, 100, 64, num_splits=8)["num_splits"] == 2
+    with pytest.raises(ValueError, match="whole tiles"):
+        configs.cute_decode_plan(4, 1, 16, 4096, 96)
+
+
+def test_cute_decode_needs_hopper_and_cute_dsl():
+    import importlib.util
+
+    bf16 = {"q": "bfloat16", "kv_cache": "bfloat16"}
+    traits = {"kv_lora_rank": 512, "head_dim": 576, "q_len": 1, "page_size": 64}
+    on_a100 = explain_selection("mla", "decode", bf16, traits=traits, device=A100)
+    assert on_a100.chosen != "cute_mla_decode_sm90" and "cute_mla_decode_sm90" in str(on_a100)
+    on_h200 = explain_selection("mla", "decode", bf16, traits=traits, device=H200)
+    if importlib.util.find_spec("cutlass") is None:
+        assert on_h200.chosen != "cute_mla_decode_sm90"
+        assert "cutlass" in str(on_h200)
+    else:
+        assert on_h200.chosen == "cute_mla_decode_sm90"
+    odd_page = explain_selection("mla", "decode", bf16, traits={**traits, "page_size": 96},
+                                 device=H200)  # fmt: skip
+    assert odd_page.chosen != "cute_mla_decode_sm90"

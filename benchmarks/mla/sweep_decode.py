@@ -1,0 +1,165 @@
+"""MLA decode variants at FlashMLA's shapes, timed in one run against the measured bounds.
+
+    python3 benchmarks/mla/sweep_decode.py --out FILE [--heads 16,32,64,128] [--q-lens 1,2]
+
+Batch 128, KV length 4096, page 64, bf16 query and cache. For every shape it times the
+registry's choice, the Triton kernel's default launch, and CuTe DSL SM90 variants (split
+count, pipelining) when ``nvidia-cutlass-dsl`` is
+installed, checks each against the first variant's output once (bf16 tolerance), and reports
+latency, bandwidth (fraction of the device copy measured in the same run) and TFLOP/s
+(fraction of the bf16 matmul rate). A variant that fails to compile or disagrees is reported
+and skipped. Bytes and FLOPs as in ``tokenspeed.mla.bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BATCH, KV_LEN, PAGE, RANK, ROPE = 128, 4096, 64, 512, 64
+SCALE = 1 / math.sqrt(192)
+
+
+def _inputs(heads: int, q_len: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    pages_per = KV_LEN // PAGE
+    perm = torch.randperm(BATCH * pages_per, generator=gen, device="cuda").to(torch.int32)
+    cache = torch.randn(BATCH * pages_per, PAGE, RANK + ROPE, generator=gen, device="cuda")
+    q = torch.randn(BATCH, q_len, heads, RANK + ROPE, generator=gen, device="cuda")
+    return {
+        "q": q.bfloat16(),
+        "cache": cache.mul_(0.5).bfloat16(),
+        "tables": perm.view(BATCH, pages_per),
+        "seq": torch.full((BATCH,), KV_LEN, dtype=torch.int32, device="cuda"),
+    }
+
+
+def variants(heads: int, q_len: int) -> list[tuple[str, Callable[..., Any]]]:
+    """(name, call(q, cache, tables, seq, out)) for every variant worth timing at a shape."""
+    from tokenspeed.mla import mla_decode, triton_decode
+
+    out: list[tuple[str, Callable[..., Any]]] = [
+        ("triton default", lambda q, c, t, s, o: triton_decode.mla_decode(
+            q, c, t, s, SCALE, out=o, max_seq_len=KV_LEN)),
+        ("registry", lambda q, c, t, s, o: mla_decode(q, c, t, s, SCALE, out=o,
+                                                      max_seq_len=KV_LEN)),
+    ]  # fmt: skip
+    if importlib.util.find_spec("cutlass") is not None:
+        from tokenspeed.mla import cute_decode
+
+        configs: list[tuple[str, dict[str, Any]]] = [("cute", {})]
+        configs += [(f"cute x{n}", {"num_splits": n}) for n in (1, 2)]
+        if heads * q_len >= 64:
+            configs.append(("cute rows32", {"rows": 32, "wgs": 1}))
+        configs += [
+            (f"cute ablation {a}", {"ablation": a}) for a in ("no_values", "no_scores", "no_mma")
+        ]
+        for name, cfg in configs:
+            out.append((
+                name,
+                lambda q, c, t, s, o, cfg=cfg: cute_decode.mla_decode(
+                    q, c, t, s, SCALE, out=o, max_seq_len=KV_LEN, config=cfg),
+            ))  # fmt: skip
+    return out
+
+
+def _metrics(heads: int, q_len: int, us: float, bounds: dict[str, float]) -> dict[str, float]:
+    kv_bytes = BATCH * KV_LEN * (RANK + ROPE) * 2
+    io_bytes = BATCH * heads * q_len * (RANK + ROPE + RANK) * 2
+    flops = 2.0 * BATCH * heads * q_len * KV_LEN * (RANK + ROPE + RANK)
+    gbps = (kv_bytes + io_bytes) / (us * 1e-6) / 1e9
+    tflops = flops / (us * 1e-6) / 1e12
+    return {
+        "median_us": us,
+        "gbps": gbps,
+        "frac_copy_bw": gbps / bounds["copy_gbps"],
+        "tflops": tflops,
+        "frac_matmul": tflops / bounds["bf16_tflops"],
+    }
+
+
+def sweep_shape(heads: int, q_len: int, bounds: dict[str, float], replays: int) -> list[dict]:
+    """Check and time every variant at one shape."""
+    from tokenspeed.kernels.timing import time_gpu
+
+    inp = _inputs(heads, q_len)
+    args = (inp["q"], inp["cache"], inp["tables"], inp["seq"])
+    rows: list[dict] = []
+    ref = None
+    for name, call in variants(heads, q_len):
+        row: dict[str, Any] = {"heads": heads, "q_len": q_len, "variant": name}
+        try:
+            o = torch.full((BATCH, q_len, heads, RANK), float("nan"), dtype=torch.bfloat16,
+                           device="cuda")  # fmt: skip
+            t0 = time.monotonic()
+            call(*args, o)
+            torch.cuda.synchronize()
+            row["first_call_s"] = time.monotonic() - t0
+            if ref is None:
+                ref = o.float()
+            err = (o.float() - ref).abs().max().item()
+            row["max_abs_err_vs_first"] = err
+            if "ablation" in name:
+                row["note"] = "leaves a product out: timing only, output wrong by design"
+            elif not math.isfinite(err) or err > 3e-2:
+                row["error"] = f"disagrees with {rows[0]['variant'] if rows else 'itself'}"
+            if "error" not in row:
+                timing = time_gpu(lambda _, call=call, o=o: call(*args, o), [None],
+                                  replays=replays)  # fmt: skip
+                row.update(_metrics(heads, q_len, timing.median_us, bounds))
+        except Exception as err:  # one broken variant must not lose the others
+            row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+            row["traceback"] = traceback.format_exc()[-2000:]
+        print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Sweep and print a table; JSON to ``--out``."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--heads", default="16,32,64,128")
+    parser.add_argument("--q-lens", default="1")
+    parser.add_argument("--replays", type=int, default=20)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA device", file=sys.stderr)
+        return 2
+    import tokenspeed.mla  # noqa: F401  (registers the kernels)
+    from tokenspeed.kernels.timing import device_roofline
+
+    bounds = device_roofline()
+    print(f"copy {bounds['copy_gbps']:.0f} GB/s, bf16 matmul {bounds['bf16_tflops']:.0f} TFLOP/s")
+    results: list[dict] = []
+    for q_len in (int(x) for x in args.q_lens.split(",")):
+        for heads in (int(x) for x in args.heads.split(",")):
+            results += sweep_shape(heads, q_len, bounds, args.replays)
+            torch.cuda.empty_cache()
+    print(f"\n{'shape':<10} {'variant':<36} {'us':>8} {'% copy':>7} {'TFLOP/s':>8} {'% mm':>6}")
+    for r in results:
+        shape = f"h{r['heads']} q{r['q_len']}"
+        if "median_us" not in r:
+            print(f"{shape:<10} {r['variant']:<36} {r.get('error', '')[:60]}")
+            continue
+        print(f"{shape:<10} {r['variant']:<36} {r['median_us']:>8.1f} "
+              f"{100 * r['frac_copy_bw']:>6.1f}% {r['tflops']:>8.1f} "
+              f"{100 * r['frac_matmul']:>5.1f}%")  # fmt: skip
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"bounds": bounds, "results": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,600 @@
+"""Absorbed-MLA decode for Hopper (SM90) in CuTe DSL: TMA loads, wgmma, tokens on the M axis.
+
+One CTA owns one block of ``ROWS`` query rows (a row is a (query token, head) pair) of one
+request and streams one KV split of that request's latent cache, 64 tokens (one tile) at a
+time. The tile is the MMA's M dimension in both products, so 16 or 32 heads need no padding
+to the 64-row minimum of ``wgmma``:
+
+* ``s^T[64 tok, rows] = kv[64 tok, 576] @ q[rows, 576]^T``: A is the KV tile, B the query
+  block, both K-major in shared memory.
+* online softmax down the token axis (a column max per row: registers, warp shuffles, and a
+  4-warp exchange through shared memory), ``p^T`` written to shared memory in bf16.
+* ``o^T[512, rows] += kv_c^T[512, 64 tok] @ p^T``: A is the same KV tile read through its
+  transpose (the 512 latent dims are contiguous, an MN-major operand), so V costs no second
+  load.
+
+Warp roles: ``CONSUMER_WGS`` warp groups compute (with two, each owns half of the rows in the
+first product and half of the 512 output dims in the second, so neither product is done
+twice), and one extra producer warp issues the TMA loads into a ring of ``STAGES`` tiles,
+reading the block table itself. A page of ``page_size >= 64`` tokens holds whole tiles; smaller
+pages fill a tile with ``64 / page_size`` copies. Output: the final bf16 rows (+ LSE) when
+there is one split, otherwise fp32 partials and base-2 LSEs in the layout the Triton merge
+kernel reads.
+
+Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; ``tokenspeed.mla.catalog`` registers it as
+a SPECIALIZED candidate only when both are present. bf16 query and cache only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+TILE = 64  # KV tokens per tile: the wgmma M of both products
+D_LATENT = 512
+D_ROPE = 64
+D_QK = D_LATENT + D_ROPE
+_NEG_INF = -math.inf
+
+
+def _slot(i: int, cols: int) -> int:
+    """Which of a thread's ``cols / 4`` accumulator columns fragment element ``i`` is in.
+
+    A ``wgmma`` m64nN accumulator holds, per thread, values ordered (column pair, row half,
+    8-column block[, M tile]): element ``i`` sits in column ``2 * (lane % 4) + i % 2 +
+    8 * ((i % (cols / 2)) // 4)``; this returns that column's index among the thread's own.
+    """
+    within = i % (cols // 2)
+    return (within % 2) + 2 * (within // 4)
+
+
+class MlaDecodeSm90:
+    """One compiled decode variant: row block, consumer warp groups, page copy size, stages."""
+
+    def __init__(
+        self, rows: int, consumer_wgs: int, page_block: int, stages: int, split: bool,
+        write_lse: bool, ablation: str = "",
+    ) -> None:  # fmt: skip
+        if rows not in (16, 32, 64) or rows % (8 * consumer_wgs):
+            raise ValueError(f"rows={rows} must be 16/32/64 and split over the warp groups")
+        if page_block not in (8, 16, 32, 64):
+            raise ValueError(f"page_block={page_block} must be 8, 16, 32 or 64")
+        self.rows = rows
+        self.wgs = consumer_wgs
+        self.rows_per_wg = rows // consumer_wgs  # N of the first product, per warp group
+        self.dims_per_wg = D_LATENT // consumer_wgs  # M of the second product, per warp group
+        self.page_block = page_block
+        self.copies_per_tile = TILE // page_block
+        self.stages = stages
+        self.split = split
+        self.write_lse = write_lse
+        # Benchmark-only: "no_scores" / "no_values" leave one product out, "no_mma" both, so
+        # timing the variants places the time spent in a tile (the results are then wrong).
+        if ablation not in ("", "no_scores", "no_values", "no_mma"):
+            raise ValueError(f"unknown ablation {ablation!r}")
+        self.ablation = ablation
+        self.consumer_threads = 128 * consumer_wgs
+        self.producer_warp = 4 * consumer_wgs
+        # With two consumer groups the producer is a whole warp group, so that setmaxnreg can
+        # move its registers to the consumers (ptxas caps a 288-thread CTA at 168 per thread).
+        self.producer_threads = 128 if consumer_wgs > 1 else 32
+        self.threads = self.consumer_threads + self.producer_threads
+
+    # -- host side ----------------------------------------------------------------------------
+
+    @cute.jit
+    def __call__(
+        self,
+        m_q: cute.Tensor,  # [rows_total, 576] bf16, rows in (request, token, head) order
+        m_kv: cute.Tensor,  # [pages * page_size, 576] bf16
+        m_bt: cute.Tensor,  # [batch, max_pages] int32
+        m_seq: cute.Tensor,  # [batch] int32
+        m_out: cute.Tensor,  # [rows_total, 512] bf16 (one split)
+        m_lse: cute.Tensor,  # [rows_total] fp32, natural log (one split)
+        m_part_o: cute.Tensor,  # [rows_total * splits, 512] fp32 (several splits)
+        m_part_lse: cute.Tensor,  # [rows_total * splits] fp32, base 2 (several splits)
+        scale_log2: Float32,
+        q_len: Int32,
+        num_heads: Int32,
+        num_splits: Int32,
+        page_size: Int32,
+        batch: Int32,
+        row_blocks: Int32,
+        stream: cuda.CUstream,
+    ):
+        mma_s = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            Float32, (1, 1, 1), tiler_mn=(TILE, self.rows_per_wg),
+        )  # fmt: skip
+        mma_o = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.K,
+            Float32, (1, 1, 1), tiler_mn=(TILE, self.rows),
+        )  # fmt: skip
+        row_major = utils.LayoutEnum.ROW_MAJOR
+        kv_layout = sm90_utils.make_smem_layout_a(
+            row_major, (TILE, self.rows, D_QK), BFloat16, self.stages
+        )
+        vt_layout = sm90_utils.make_smem_layout_a(
+            utils.LayoutEnum.COL_MAJOR, (D_LATENT, self.rows, TILE), BFloat16, 1
+        )
+        q_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, D_QK), BFloat16, 1)
+        p_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, TILE), BFloat16, 1)
+        # One TMA box: page_block tokens x 576 dims of a KV stage (same strides as the stage).
+        kv_stage = cute.slice_(kv_layout, (None, None, 0))
+        box_outer = cute.composition(
+            kv_stage.outer, cute.make_layout((self.page_block, D_QK), stride=(1, TILE))
+        )
+        box_layout = cute.make_composed_layout(kv_stage.inner, 0, box_outer)
+        tma_kv_atom, tma_kv = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m_kv, box_layout, (self.page_block, D_QK)
+        )
+        q_one = cute.slice_(q_layout, (None, None, 0))
+        tma_q_atom, tma_q = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m_q, q_one, (self.rows, D_QK)
+        )
+
+        @cute.struct
+        class SharedStorage:
+            kv_full_empty: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            q_bar: cute.struct.MemRange[cutlass.Int64, 1]
+            red: cute.struct.MemRange[Float32, 2 * self.wgs * 4 * self.rows_per_wg]
+            alpha: cute.struct.MemRange[Float32, self.rows]
+            row_max: cute.struct.MemRange[Float32, self.rows]
+            row_sum: cute.struct.MemRange[Float32, self.rows]
+            s_kv: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kv_layout)], 1024]
+            s_q: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_layout)], 1024]
+            s_p: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(p_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            mma_s, mma_o, tma_kv_atom, tma_kv, tma_q_atom, tma_q,
+            kv_layout, vt_layout, q_layout, p_layout,
+            m_bt, m_seq, m_out, m_lse, m_part_o, m_part_lse,
+            scale_log2, q_len, num_heads, num_splits, page_size,
+        ).launch(
+            grid=[row_blocks, num_splits, batch], block=[self.threads, 1, 1], stream=stream,
+            min_blocks_per_mp=1,
+        )  # fmt: skip
+
+    # -- device side --------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(
+        self,
+        mma_s: cute.TiledMma,
+        mma_o: cute.TiledMma,
+        tma_kv_atom: cute.CopyAtom,
+        tma_kv: cute.Tensor,
+        tma_q_atom: cute.CopyAtom,
+        tma_q: cute.Tensor,
+        kv_layout: cute.ComposedLayout,
+        vt_layout: cute.ComposedLayout,
+        q_layout: cute.ComposedLayout,
+        p_layout: cute.ComposedLayout,
+        m_bt: cute.Tensor,
+        m_seq: cute.Tensor,
+        m_out: cute.Tensor,
+        m_lse: cute.Tensor,
+        m_part_o: cute.Tensor,
+        m_part_lse: cute.Tensor,
+        scale_log2: Float32,
+        q_len: Int32,
+        num_heads: Int32,
+        num_splits: Int32,
+        page_size: Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        rb, split, b = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+
+        rows_per_req = q_len * num_heads
+        row0 = rb * self.rows  # first row of this block inside the request
+        seq_len = m_seq[b]
+        per_split = (((seq_len + num_splits - 1) // num_splits + TILE - 1) // TILE) * TILE
+        start = split * per_split
+        end = cutlass.min(start + per_split, seq_len)
+        n_tiles = cutlass.max((end - start + TILE - 1) // TILE, 0)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        s_kv = storage.s_kv.get_tensor(kv_layout.outer, swizzle=kv_layout.inner)
+        s_q = storage.s_q.get_tensor(q_layout.outer, swizzle=q_layout.inner)
+        s_p = storage.s_p.get_tensor(p_layout.outer, swizzle=p_layout.inner)
+        q_bar = storage.q_bar.data_ptr()
+        red = storage.red.get_tensor(cute.make_layout((self.rows_per_wg, 4, self.wgs, 2)))
+        s_alpha = storage.alpha.get_tensor(cute.make_layout(self.rows))
+        s_max = storage.row_max.get_tensor(cute.make_layout(self.rows))
+        s_sum = storage.row_sum.get_tensor(cute.make_layout(self.rows))
+
+        kv_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.kv_full_empty.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.wgs),
+            tx_count=TILE * D_QK * 2,
+            defer_sync=True,
+        )
+        if warp == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_init(q_bar, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        if warp >= self.producer_warp:
+            if cutlass.const_expr(self.producer_threads > 32):
+                cute.arch.warpgroup_reg_dealloc(40)
+            if warp == self.producer_warp:
+                self._produce(
+                    tma_kv_atom, tma_kv, tma_q_atom, tma_q, s_kv, s_q, q_bar, kv_pipe, m_bt,
+                    b, rows_per_req, row0, start, end, n_tiles, page_size,
+                )  # fmt: skip
+        else:
+            if cutlass.const_expr(self.producer_threads > 32):
+                cute.arch.warpgroup_reg_alloc(232)
+            self._consume(
+                mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
+                s_sum, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads,
+                num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx,
+                warp, lane,
+            )  # fmt: skip
+
+    @cute.jit
+    def _produce(
+        self, tma_kv_atom, tma_kv, tma_q_atom, tma_q, s_kv, s_q, q_bar, kv_pipe, m_bt, b,
+        rows_per_req, row0, start, end, n_tiles, page_size,
+    ):  # fmt: skip
+        """The producer warp: the query block once, then every KV tile of the split."""
+        g_q = cute.local_tile(
+            cute.domain_offset((b * rows_per_req + row0, 0), tma_q), (self.rows, D_QK), (0, 0)
+        )
+        t_qs, t_qg = cpasync.tma_partition(
+            tma_q_atom, 0, cute.make_layout(1), cute.group_modes(s_q, 0, 2),
+            cute.group_modes(g_q, 0, 2),
+        )  # fmt: skip
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.rows * D_QK * 2)
+        cute.copy(tma_q_atom, t_qg, t_qs[(None, 0)], tma_bar_ptr=q_bar)
+
+        # (box, copies per tile, stages) view of the ring; (box, box index) view of the cache.
+        s_boxes = cute.flat_divide(s_kv, (self.page_block, D_QK))
+        g_boxes = cute.local_tile(tma_kv, (self.page_block, D_QK), (None, 0))
+        t_kvs, t_kvg = cpasync.tma_partition(
+            tma_kv_atom, 0, cute.make_layout(1), cute.group_modes(s_boxes, 0, 2),
+            cute.group_modes(g_boxes, 0, 2),
+        )  # fmt: skip
+        n_boxes = cute.size(g_boxes, mode=[2])
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for tile in cutlass.range(n_tiles, unroll=1):
+            kv_pipe.producer_acquire(state)
+            for c in cutlass.range_constexpr(self.copies_per_tile):
+                pos = start + tile * TILE + c * self.page_block
+                # A box wholly past the split's end reads nothing real: point it past the
+                # cache (TMA zero-fills out-of-range boxes and still counts their bytes).
+                box = Int32(n_boxes)
+                if pos < end:
+                    page = m_bt[b, pos // page_size]
+                    box = (page * page_size + pos % page_size) // self.page_block
+                cute.copy(
+                    tma_kv_atom, t_kvg[(None, box)], t_kvs[(None, c, 0, state.index)],
+                    tma_bar_ptr=kv_pipe.producer_get_barrier(state),
+                )  # fmt: skip
+            kv_pipe.producer_commit(state)
+            state.advance()
+
+    @cute.jit
+    def _scores(self, mma_s, acc, r_sa, r_sb, stage):
+        """Issue ``s^T = kv @ q^T`` over the 576 dims into ``acc`` (committed, not waited)."""
+        mma_s.set(warpgroup.Field.ACCUMULATE, False)
+        warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(r_sa, mode=[2])):
+            cute.gemm(mma_s, acc, r_sa[None, None, k, stage], r_sb[None, None, k], acc)
+            mma_s.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _consume(
+        self, mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
+        s_sum, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits,
+        b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp, lane,
+    ):  # fmt: skip
+        """The consumer warp groups: both products and the online softmax, then the output."""
+        wg = warp // 4
+        wg_tidx = tidx % 128
+        warp_in_wg = warp % 4
+        rpw = self.rows_per_wg
+        # -- first product: s^T (this warp group's rows) ----------------------------------------
+        thr_s = mma_s.get_slice(wg_tidx)
+        s_q_wg = cute.local_tile(s_q[None, None, 0], (rpw, D_QK), (wg, 0))
+        t_sa = thr_s.partition_A(s_kv)  # (MMA, 1, 36, stages)
+        t_sb = thr_s.partition_B(s_q_wg)  # (MMA, 1, 36)
+        r_sa = mma_s.make_fragment_A(t_sa)
+        r_sb = mma_s.make_fragment_B(t_sb)
+        acc_s = cute.make_rmem_tensor(mma_s.partition_shape_C((TILE, rpw)), Float32)
+        coords_s = thr_s.partition_C(cute.make_identity_tensor((TILE, rpw)))
+        # p^T is written where the accumulator of s^T sits: view s_p as (token, row).
+        s_p_tr = cute.make_tensor(s_p.iterator, cute.select(s_p.layout, mode=[1, 0, 2]))
+        t_sp = thr_s.partition_C(cute.local_tile(s_p_tr[None, None, 0], (TILE, rpw), (0, wg)))
+        r_p = cute.make_rmem_tensor_like(acc_s, BFloat16)
+        # -- second product: o^T (this warp group's 512 / wgs dims, all rows) -------------------
+        thr_o = mma_o.get_slice(wg_tidx)
+        t_ob = thr_o.partition_B(s_p[None, None, 0])  # (MMA, 1, 4)
+        r_ob = mma_o.make_fragment_B(t_ob)
+        acc_o = cute.make_rmem_tensor(mma_o.partition_shape_C((self.dims_per_wg, self.rows)),
+                                      Float32)  # fmt: skip
+        coords_o = thr_o.partition_C(cute.make_identity_tensor((self.dims_per_wg, self.rows)))
+        acc_o.fill(0.0)
+
+        slots = rpw // 4  # distinct rows (accumulator columns) one thread holds
+        m_i = cute.make_rmem_tensor((slots,), Float32)
+        l_i = cute.make_rmem_tensor((slots,), Float32)
+        m_i.fill(_NEG_INF)
+        l_i.fill(0.0)
+        first_t = seq_len - q_len  # kv position of query token 0
+
+        cute.arch.mbarrier_wait(q_bar, 0)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for tile in cutlass.range(n_tiles, unroll=1):
+            # Both products of a tile run back to back: issuing the next tile's scores early
+            # would need a third 72 KiB stage to keep a load in flight, and it does not fit.
+            kv_pipe.consumer_wait(state)
+            stage = state.index
+            if cutlass.const_expr(self.ablation not in ("no_scores", "no_mma")):
+                self._scores(mma_s, acc_s, r_sa, r_sb, stage)
+                warpgroup.wait_group(0)
+            else:
+                acc_s.fill(0.0)
+            tile_start = start + tile * TILE
+
+            # scale, mask (tokens past the split's end, causal query block), column max
+            tile_max = cute.make_rmem_tensor((slots,), Float32)
+            tile_max.fill(_NEG_INF)
+            masked = tile_start + TILE > cutlass.min(end, first_t + 1)
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                m, n = coords_s[i]
+                v = acc_s[i] * scale_log2
+                if masked:
+                    row = row0 + wg * rpw + n
+                    pos = tile_start + m
+                    if pos >= end or pos > first_t + row // num_heads:
+                        v = Float32(_NEG_INF)
+                acc_s[i] = v
+                j = _slot(i, rpw)
+                tile_max[j] = cute.arch.fmax(tile_max[j], v)
+            for j in cutlass.range_constexpr(slots):
+                x = tile_max[j]
+                x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=4))
+                x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=8))
+                x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=16))
+                tile_max[j] = x
+            parity = tile % 2
+            if lane < 4:
+                for j in cutlass.range_constexpr(slots):
+                    n = 2 * lane + (j % 2) + 8 * (j // 2)
+                    red[n, warp_in_wg, wg, parity] = tile_max[j]
+            cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
+            alpha = cute.make_rmem_tensor((slots,), Float32)
+            m_use = cute.make_rmem_tensor((slots,), Float32)
+            for j in cutlass.range_constexpr(slots):
+                n = 2 * (lane % 4) + (j % 2) + 8 * (j // 2)
+                x = m_i[j]
+                for w in cutlass.range_constexpr(4):
+                    x = cute.arch.fmax(x, red[n, w, wg, parity])
+                mu = x
+                if x == _NEG_INF:
+                    mu = Float32(0.0)
+                alpha[j] = Float32(cute.math.exp2(m_i[j] - mu, fastmath=True))
+                m_use[j] = mu
+                m_i[j] = x
+                l_i[j] = l_i[j] * alpha[j]
+            # p^T = exp2(s^T - max) in bf16, row sums per thread
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                j = _slot(i, rpw)
+                p = Float32(cute.math.exp2(acc_s[i] - m_use[j], fastmath=True))
+                l_i[j] = l_i[j] + p
+                r_p[i] = p.to(BFloat16)
+            if cutlass.const_expr(self.wgs > 1):  # the other group may still read p^T / alpha
+                cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
+            cute.autovec_copy(r_p, t_sp)
+            if warp_in_wg == 0 and lane < 4:
+                for j in cutlass.range_constexpr(slots):
+                    s_alpha[wg * rpw + 2 * lane + (j % 2) + 8 * (j // 2)] = alpha[j]
+            cute.arch.fence_proxy(
+                cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
+            )
+            cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
+
+            # o^T = o^T * alpha + kv_c^T @ p^T
+            alpha_o = cute.make_rmem_tensor((self.rows // 4,), Float32)
+            for j in cutlass.range_constexpr(self.rows // 4):
+                alpha_o[j] = s_alpha[2 * (lane % 4) + (j % 2) + 8 * (j // 2)]
+            for i in cutlass.range_constexpr(cute.size(acc_o)):
+                acc_o[i] = acc_o[i] * alpha_o[_slot(i, self.rows)]
+            vt = cute.make_tensor(s_kv[None, None, stage].iterator, vt_layout.outer)
+            vt_wg = cute.local_tile(vt[None, None, 0], (self.dims_per_wg, TILE), (wg, 0))
+            r_oa = mma_o.make_fragment_A(thr_o.partition_A(vt_wg))
+            if cutlass.const_expr(self.ablation not in ("no_values", "no_mma")):
+                warpgroup.fence()
+                mma_o.set(warpgroup.Field.ACCUMULATE, True)
+                for k in cutlass.range_constexpr(cute.size(r_oa, mode=[2])):
+                    cute.gemm(mma_o, acc_o, r_oa[None, None, k], r_ob[None, None, k], acc_o)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+            kv_pipe.consumer_release(state)
+            state.advance()
+
+        # -- epilogue: row sums across the warp group, normalise, write --------------------------
+        for j in cutlass.range_constexpr(slots):
+            x = l_i[j]
+            x = x + cute.arch.shuffle_sync_bfly(x, offset=4)
+            x = x + cute.arch.shuffle_sync_bfly(x, offset=8)
+            x = x + cute.arch.shuffle_sync_bfly(x, offset=16)
+            l_i[j] = x
+        if lane < 4:
+            for j in cutlass.range_constexpr(slots):
+                n = 2 * lane + (j % 2) + 8 * (j // 2)
+                red[n, warp_in_wg, wg, 0] = l_i[j]
+        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
+        if warp_in_wg == 0 and lane < 4:
+            for j in cutlass.range_constexpr(slots):
+                n = 2 * lane + (j % 2) + 8 * (j // 2)
+                total = red[n, 0, wg, 0] + red[n, 1, wg, 0] + red[n, 2, wg, 0] + red[n, 3, wg, 0]
+                s_sum[wg * rpw + n] = total
+                s_max[wg * rpw + n] = m_i[j]
+        cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
+
+        base_row = b * rows_per_req + row0
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
+            d, n = coords_o[i]
+            row = row0 + n
+            if row < rows_per_req:
+                total = s_sum[n]
+                inv = Float32(0.0)
+                if total > 0.0:
+                    inv = 1.0 / total
+                dim = wg * self.dims_per_wg + d
+                if cutlass.const_expr(self.split):
+                    m_part_o[(base_row + n) * num_splits + split, dim] = acc_o[i] * inv
+                else:
+                    m_out[base_row + n, dim] = (acc_o[i] * inv).to(BFloat16)
+        if tidx < self.rows:
+            n = tidx
+            if row0 + n < rows_per_req:
+                total = s_sum[n]
+                lse2 = Float32(_NEG_INF)
+                if total > 0.0:
+                    lse2 = s_max[n] + cute.math.log2(total)
+                if cutlass.const_expr(self.split):
+                    m_part_lse[(base_row + n) * num_splits + split] = lse2
+                elif cutlass.const_expr(self.write_lse):
+                    m_lse[base_row + n] = lse2 * math.log(2.0)
+
+
+# -- torch entry point ------------------------------------------------------------------------
+
+_COMPILED: dict[tuple, Any] = {}
+
+
+_UNUSED: dict[Any, tuple[Any, Any]] = {}
+
+
+def _unused_partials(device: Any) -> tuple[Any, Any]:
+    import torch
+
+    if device not in _UNUSED:
+        _UNUSED[device] = (
+            torch.empty(1, D_LATENT, dtype=torch.float32, device=device),
+            torch.empty(1, dtype=torch.float32, device=device),
+        )
+    return _UNUSED[device]
+
+
+def _compiled(key: tuple, args: tuple) -> Any:
+    fn = _COMPILED.get(key)
+    if fn is None:
+        rows, wgs, page_block, stages, split, write_lse, ablation = key
+        kernel = MlaDecodeSm90(rows, wgs, page_block, stages, split, write_lse, ablation)
+        fn = _COMPILED[key] = cute.compile(kernel, *args)
+    return fn
+
+
+def _cute_tensor(t: Any, align: int = 16, *, all_dynamic: bool = False) -> cute.Tensor:
+    """A CuTe view of a torch tensor whose leading extent is a run-time value.
+
+    Row-major 2-D tensors keep their (fixed) last extent static, so its stride is known to
+    the compiler; ``all_dynamic`` makes every extent and stride a run-time value (the block
+    table's width changes between calls and must not be baked into the compiled kernel).
+    """
+    from cutlass.cute.runtime import from_dlpack
+
+    ct = from_dlpack(t, assumed_align=align)
+    if t.dim() == 1 or all_dynamic:
+        return ct.mark_layout_dynamic(leading_dim=t.dim() - 1)
+    return ct.mark_compact_shape_dynamic(mode=0, stride_order=tuple(range(t.dim())))
+
+
+def mla_decode(
+    query: Any,
+    kv_cache: Any,
+    block_tables: Any,
+    seq_lens: Any,
+    softmax_scale: float,
+    *,
+    out: Any = None,
+    return_lse: bool = False,
+    kv_scale: Any = None,
+    workspace: Any = None,
+    num_splits: int | None = None,
+    fold_sq_factor: int | None = None,
+    kv_lora_rank: int = D_LATENT,
+    max_seq_len: int | None = None,
+    config: dict[str, int] | None = None,
+) -> Any:
+    """CuTe DSL SM90 MLA decode; the contract is ``tokenspeed.mla.mla_decode``'s (bf16 only).
+
+    ``fold_sq_factor`` is accepted for the common signature: rows of all query tokens are
+    already laid out on one axis here, so every fold gives the same launch.
+    """
+    import torch
+
+    from .configs import cute_decode_plan
+    from .triton_decode import _mla_decode_merge_kernel
+
+    if kv_scale is not None or kv_lora_rank != D_LATENT or query.shape[-1] != D_QK:
+        raise ValueError("the CuTe MLA decode takes a bf16 576-dim latent cache only")
+    batch, q_len, heads, _ = query.shape
+    cache = kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], D_QK)
+    page_size = cache.shape[1]
+    capacity = block_tables.shape[1] * page_size
+    kv_len = min(max_seq_len, capacity) if max_seq_len else capacity
+    plan = cute_decode_plan(batch, q_len, heads, kv_len, page_size, num_splits=num_splits,
+                            config=config)  # fmt: skip
+    if out is None:
+        out = torch.empty(batch, q_len, heads, D_LATENT, dtype=query.dtype, device=query.device)
+    lse = torch.empty(batch, q_len, heads, dtype=torch.float32, device=query.device)
+    if batch == 0:
+        return (out, lse) if return_lse else out
+    q2d = query.contiguous().view(batch * q_len * heads, D_QK)
+    kv2d = cache.view(cache.shape[0] * page_size, D_QK)
+    out2d = out.view(batch * q_len * heads, D_LATENT)
+    splits = plan["num_splits"]
+    rows_total = batch * q_len * heads
+    if splits > 1:
+        need = plan["workspace_bytes"]
+        if workspace is None:
+            workspace = torch.empty(need, dtype=torch.uint8, device=query.device)
+        elif workspace.numel() * workspace.element_size() < need:
+            raise ValueError(f"mla_decode workspace holds {workspace.numel()} bytes, needs {need}")
+        floats = workspace.view(torch.uint8)[:need].view(torch.float32)
+        part_o = floats[: rows_total * splits * D_LATENT].view(rows_total * splits, D_LATENT)
+        part_lse = floats[rows_total * splits * D_LATENT :]
+    else:  # this variant never touches the partials: any fp32 tensors of the right rank
+        part_o, part_lse = _unused_partials(query.device)
+    args = (
+        _cute_tensor(q2d), _cute_tensor(kv2d), _cute_tensor(block_tables, 4, all_dynamic=True),
+        _cute_tensor(seq_lens, 4), _cute_tensor(out2d), _cute_tensor(lse.view(-1), 4),
+        _cute_tensor(part_o), _cute_tensor(part_lse, 4),
+        Float32(softmax_scale * math.log2(math.e)), Int32(q_len), Int32(heads), Int32(splits),
+        Int32(page_size), Int32(batch), Int32(plan["row_blocks"]),
+        cuda.CUstream(torch.cuda.current_stream().cuda_stream),
+    )  # fmt: skip
+    key = (plan["rows"], plan["wgs"], plan["page_block"], plan["stages"], splits > 1, return_lse,
+           str((config or {}).get("ablation", "")))  # fmt: skip
+    _compiled(key, args)(*args)
+    if splits > 1:
+        _mla_decode_merge_kernel[(rows_total,)](
+            part_o, part_lse, out, lse, heads, q_len,
+            out.stride(0), out.stride(1), out.stride(2),
+            DV=D_LATENT, NUM_SPLITS=splits, BLOCK_S=1 << (splits - 1).bit_length(),
+            WRITE_LSE=return_lse, num_warps=4,
+        )  # fmt: skip
+    return (out, lse) if return_lse else out

@@ -1,0 +1,133 @@
+"""The CuTe DSL SM90 MLA decode against the torch reference, on a Hopper GPU.
+
+Skipped without CUDA, on GPUs other than compute capability 9.x, and where
+``nvidia-cutlass-dsl`` is not installed. Outputs are pre-filled with NaN so an unwritten
+row fails; the cache tail past each request's length holds random (finite) values, as a
+reused page does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+        reason="needs an SM90 (Hopper) GPU",
+    ),
+    pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs CuTe DSL"),
+]
+
+SCALE = 1 / math.sqrt(192)
+
+
+def _problem(lens: list[int], heads: int, q_len: int, page: int, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    pages_per = max(1, -(-max(lens) // page))
+    total = len(lens) * pages_per + 5
+    perm = torch.randperm(total, generator=gen, device="cuda")[: len(lens) * pages_per]
+    tables = perm.view(len(lens), pages_per).int()
+    cache = (torch.randn(total, page, 576, generator=gen, device="cuda") * 0.5).bfloat16()
+    q = torch.randn(len(lens), q_len, heads, 576, generator=gen, device="cuda") * 0.5
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    return q.bfloat16(), cache, tables, seq
+
+
+def _run(q, cache, tables, seq, **kwargs):
+    from tokenspeed.mla import cute_decode
+
+    out = torch.full((*q.shape[:3], 512), float("nan"), dtype=q.dtype, device="cuda")
+    res, lse = cute_decode.mla_decode(q, cache, tables, seq, SCALE, out=out, return_lse=True,
+                                      **kwargs)  # fmt: skip
+    assert res is out
+    torch.cuda.synchronize()
+    return out, lse
+
+
+def _expected(q, cache, tables, seq):
+    from tokenspeed.mla import reference
+
+    return reference.mla_decode(q.float(), cache.float(), tables, seq, SCALE, return_lse=True)
+
+
+def _check(out, lse, exp, exp_lse, seq):
+    assert not torch.isnan(out).any(), "an output row was not written"
+    torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
+    live = seq > 0
+    torch.testing.assert_close(lse[live], exp_lse[live], atol=2e-3, rtol=2e-3)
+    assert torch.all(out[~live] == 0) and torch.all(lse[~live] == float("-inf"))
+
+
+@pytest.mark.parametrize("heads", [16, 32, 64, 128])
+@pytest.mark.parametrize("q_len", [1, 2])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_flashmla_heads_ragged(heads, q_len, splits):
+    lens = [1000, 64, q_len, 777, 130, q_len + 63]
+    q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads + q_len + splits)
+    out, lse = _run(q, cache, tables, seq, num_splits=splits)
+    _check(out, lse, *_expected(q, cache, tables, seq), seq)
+
+
+@pytest.mark.parametrize("page", [16, 32, 128])
+def test_page_sizes(page):
+    lens = [300, 17, 256, 0]
+    q, cache, tables, seq = _problem(lens, 16, 1, page, seed=page)
+    out, lse = _run(q, cache, tables, seq, num_splits=2)
+    _check(out, lse, *_expected(q, cache, tables, seq), seq)
+
+
+def test_without_lse_and_with_workspace():
+    from tokenspeed.mla import configs, cute_decode
+
+    lens = [4096] * 3
+    q, cache, tables, seq = _problem(lens, 64, 1, 64, seed=3)
+    plan = configs.cute_decode_plan(3, 1, 64, 4096, 64, num_splits=4)
+    workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device="cuda")
+    out = cute_decode.mla_decode(q, cache, tables, seq, SCALE, num_splits=4, workspace=workspace)
+    exp, _ = _expected(q, cache, tables, seq)
+    torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_cuda_graph_replay_with_new_lengths():
+    from tokenspeed.mla import configs, cute_decode
+
+    lens = [900, 300]
+    q, cache, tables, seq = _problem(lens, 32, 1, 64, seed=5)
+    out = torch.empty(2, 1, 32, 512, dtype=torch.bfloat16, device="cuda")
+    plan = configs.cute_decode_plan(2, 1, 32, tables.shape[1] * 64, 64, num_splits=2)
+    workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device="cuda")
+
+    def step():
+        cute_decode.mla_decode(q, cache, tables, seq, SCALE, out=out, num_splits=2,
+                               workspace=workspace)  # fmt: skip
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    seq.copy_(torch.tensor([128, 960], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    exp, _ = _expected(q, cache, tables, seq)
+    torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_registry_picks_it_and_plans_its_workspace():
+    import tokenspeed.mla as M
+    from tokenspeed.kernels import selection_records
+
+    lens = [2000, 1500]
+    q, cache, tables, seq = _problem(lens, 16, 1, 64, seed=11)
+    plan = M.mla_decode_plan(q, cache, tables, num_splits=3)
+    assert plan.kernel == "cute_mla_decode_sm90" and plan.num_splits == 3
+    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device="cuda")
+    out = M.mla_decode(q, cache, tables, seq, SCALE, num_splits=3, workspace=workspace)
+    assert plan.kernel in {r["kernel"] for r in selection_records() if r["op"] == "mla.decode"}
+    exp, _ = _expected(q, cache, tables, seq)
+    torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
