@@ -19,26 +19,28 @@ from tokenspeed.kernels import fused_moe
 from tokenspeed.kernels.workloads import make_inputs
 
 MODEL = {"hidden": 2048, "intermediate": 768, "num_experts": 128, "top_k": 8}
-# Extra configs timed on the small-batch buckets (the Triton kernel called directly), so one
-# run shows whether the new small-batch default beats the previous one and what is left.
-SMALL_BATCH_VARIANTS = {
-    "previous-default-n64": {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4,
-                             "num_stages": 3},
-    "n16-down32": {"block_m": 16, "block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 4,
-                   "down_block_n": 32, "down_block_k": 128},
-    "n32-down32-w2": {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 2,
-                      "num_stages": 4, "down_block_n": 32, "down_block_k": 128},
-}  # fmt: skip
+# Extra configs (the Triton kernel called directly) next to the default, so one run shows
+# what the default gains: the previous default (sorted path, torch alignment and top-k sum)
+# and, up to 16 tokens where the default is sort-free, the sorted path with the one-launch
+# Triton alignment and top-k sum.
+PREVIOUS_SMALL = {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4,
+                  "down_block_n": 64, "down_block_k": 128}  # fmt: skip
+PREVIOUS = {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3}
+
+
+def _variants(tokens):
+    previous = PREVIOUS_SMALL if tokens * MODEL["top_k"] <= 64 else PREVIOUS
+    variants = {"default": None, "previous-default": previous}
+    if tokens <= 16:
+        variants["sorted-fewer-launches"] = {**previous, "align": "triton", "reduce": "triton"}
+    return variants
 
 
 def cases(args):
     counts = [1, 16, 256] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
     for tokens in counts:
         shape = {"tokens": tokens, **MODEL}
-        variants = {"default": None}
-        if tokens <= 8:
-            variants.update(SMALL_BATCH_VARIANTS)
-        for label, config in variants.items():
+        for label, config in _variants(tokens).items():
             yield from _case(args, shape, tokens, label, config)
 
 

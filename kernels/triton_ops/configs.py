@@ -94,12 +94,10 @@ def route_default_config(traits: Traits) -> Config:
 
 
 def decode_num_splits(traits: Traits, sms: int | None = None, per_sm: int = 4) -> int:
-    """Split-KV count from batch, KV heads and context length (shapes only, no tensor reads).
+    """Split-KV count aiming at about ``per_sm`` programs per SM (shapes only, no tensor reads).
 
-    Aim at about ``per_sm`` programs per SM. On the H200 (2026-11-29) 4 per SM beat 8 and 16
-    (Llama-3-8B shapes: 87.8% vs 84.6% of copy bandwidth at 64 x 2k, 93.3% vs 82.4% at
-    16 x 8k): more splits cost more in the merge than they gain in the tail. Never split below
-    256 tokens per split, nor beyond 32 splits.
+    The split rule of the previous default, kept for head dims above 128 (no H200 data there)
+    and as a point of the tuning space. Never below 256 tokens per split, nor beyond 32 splits.
     """
     programs = max(1, traits["batch"] * traits["num_kv_heads"])
     target = per_sm * (sms or num_sms())
@@ -107,28 +105,86 @@ def decode_num_splits(traits: Traits, sms: int | None = None, per_sm: int = 4) -
     return _clamp(want, 1, _clamp(traits["kv_len"] // 256, 1, 32))
 
 
-def decode_default_config(traits: Traits) -> Config:
-    """64-token tiles (page-aligned when the page size allows, see the page-block fast
-    path), 4 warps, 2 stages, ~4 programs per SM: the fastest of the configurations measured
-    on the H200 (3 and 4 stages, 8 warps, 32- and 128-token tiles were all slower there)."""
-    head_dim = traits["head_dim"]
-    return {
-        "block_n": 64 if head_dim <= 128 else 32,
-        "num_warps": 4,
-        "num_stages": 2,
-        "num_splits": decode_num_splits(traits),
-    }
+def decode_wave_splits(
+    traits: Traits, ctas_per_sm: int, sms: int | None = None, block_n: int = 64
+) -> int:
+    """Split-KV count that keeps the whole grid in one wave of resident programs.
+
+    ``ctas_per_sm`` is the compiled kernel's occupancy (registers, shared memory). Every
+    program of a decode streams the same bytes, and per-program bandwidth is capped by its
+    own loads in flight, so a grid of 1.55 waves (the 4-per-SM default at 64 x 2k: 1024
+    programs on 660 slots) runs its last 0.55 wave at part speed. Here the count is the
+    fewest splits that reach the shortest per-program tile count possible in one wave.
+    """
+    slots = max(1, ctas_per_sm) * (sms or num_sms())
+    pairs = max(1, traits["batch"] * traits["num_kv_heads"])
+    most = _clamp(slots // pairs, 1, _clamp(traits["kv_len"] // 256, 1, 32))
+    tiles = max(1, -(-traits["kv_len"] // block_n))
+    per_split = -(-tiles // most)
+    return -(-tiles // per_split)
+
+
+# Resident programs per SM of the default decode kernels on the H200 (sm_90a, Triton 3.6; the
+# compiled registers and shared memory the sweep records): TMA n64 s2 121-125 registers and
+# 55 KB -> 4; pointer n64 s2 on page 16, 95 registers and 39 KB -> 5; n32 s3 with carried page
+# ids, 80-104 registers and 38 KB -> 4.
+DECODE_CTAS_PER_SM = {"tma": 4, "wave": 5, "carry": 4}
+
+
+def decode_default_config(traits: Traits, sms: int | None = None) -> Config:
+    """The fastest decode plan of the H200 sweep (2026-12-01, Llama-3-8B heads), by shape.
+
+    - page size a multiple of 64: TMA page-block tiles, 64 tokens, 2 stages, split count
+      from one wave at 4 programs per SM (99.1% of copy bandwidth at 64 x 2k, 95.8% at 16 x 8k);
+    - other page sizes (16): when one split per (request, KV head) already fills a wave, 64-token
+      pointer tiles at 2 stages (95.2% at 64 x 2k); otherwise 32-token tiles at 3 stages with the
+      page ids carried one tile ahead, split for one wave at 4 per SM (93.5% at 16 x 8k);
+    - several splits are merged by the last split to finish (``merge: "fused"``), as measured.
+
+    Head dims above 128 keep the previous plan (32-token tiles, ~4 programs per SM): the
+    sweep has no data there, and 64-token TMA tiles of 256-wide heads would not fit 4 per SM.
+    ``sms`` defaults to the current GPU's count.
+    """
+    head_dim = max(traits["head_dim"], traits.get("v_head_dim", traits["head_dim"]))
+    if head_dim > 128:
+        return {"block_n": 32, "num_warps": 4, "num_stages": 2,
+                "num_splits": decode_num_splits(traits, sms)}  # fmt: skip
+    if traits["page_size"] % 64 == 0:
+        splits = decode_wave_splits(traits, DECODE_CTAS_PER_SM["tma"], sms)
+        cfg = {"block_n": 64, "num_warps": 4, "num_stages": 2, "num_splits": splits, "tma": True}
+    elif decode_wave_splits(traits, DECODE_CTAS_PER_SM["wave"], sms) == 1:
+        cfg = {"block_n": 64, "num_warps": 4, "num_stages": 2, "num_splits": 1}
+    else:
+        splits = decode_wave_splits(traits, DECODE_CTAS_PER_SM["carry"], sms, block_n=32)
+        cfg = {"block_n": 32, "num_warps": 4, "num_stages": 3, "num_splits": splits,
+               "carry_pages": True}  # fmt: skip
+    if cfg["num_splits"] > 1:
+        cfg["merge"] = "fused"
+    return cfg
 
 
 def decode_config_space(traits: Traits) -> list[Config]:
-    base = decode_num_splits(traits)
-    splits = sorted({s for s in (1, base // 4, base // 2, base, base * 2) if 1 <= s <= 64})
-    return _grid(
-        block_n=[16, 32, 64, 128],
-        num_warps=[4, 8],
-        num_stages=[2, 3, 4],
-        num_splits=splits,
-    )
+    """Tile, stages, warps, split count, tile loads (pointer gather, carried page ids, TMA
+    where the page holds whole tiles) and the split merge (second launch or fused).
+
+    The default comes first; split counts are 1, the one-wave counts at 3-5 programs per SM
+    and the previous ~4-per-SM rule.
+    """
+    page = traits["page_size"]
+    space = [decode_default_config(traits)]
+    for block_n in (16, 32, 64, 128):
+        waves = {decode_wave_splits(traits, ctas, block_n=block_n) for ctas in (3, 4, 5)}
+        splits = sorted({1, decode_num_splits(traits), *waves})
+        loads = [{}, {"carry_pages": True}] + ([{"tma": True}] if page % block_n == 0 else [])
+        warps_options = (4, 8) if block_n >= 64 else (4,)  # 8 warps on a 16-row dot: idle
+        for load, stages, warps, num_splits in itertools.product(
+            loads, (2, 3, 4), warps_options, splits
+        ):
+            base = {"block_n": block_n, "num_warps": warps, "num_stages": stages,
+                    "num_splits": num_splits, **load}  # fmt: skip
+            merges = ({}, {"merge": "fused"}) if num_splits > 1 else ({},)
+            space += [c for c in ({**base, **m} for m in merges) if c not in space]
+    return space
 
 
 # -- paged extend attention ------------------------------------------------------------------
@@ -169,40 +225,77 @@ def sdpa_extend_config_space(traits: Traits) -> list[Config]:
 
 # -- fused MoE -------------------------------------------------------------------------------
 
+# The sort-free tile holds one row per token (at least 16): past 16 tokens most of its rows
+# are masked, and it lost to the sorted path at 32 tokens (73.8% against 93.1%).
+MOE_SORTFREE_MAX_TOKENS = 16
+# The single-program Triton alignment and the Triton top-k sum were measured up to 256 tokens
+# at top-8 (2048 pairs); past that the GEMMs dominate and the torch ops stay.
+MOE_TRITON_ALIGN_MAX_PAIRS = 2048
+
 
 def moe_default_config(traits: Traits) -> Config:
-    """By shape bucket of the routed pairs (``tokens * top_k``) per expert.
+    """By token count and expert sharing; the H200 sweep's winners (2026-12-01, Qwen3-30B-A3B:
+    128 experts, top-8, hidden 2048, intermediate 768).
 
-    Few tokens per expert is a weight-streaming problem: every touched expert's weights are
-    read once whatever the block sizes, so what matters is how many programs share that
-    read. ``block_n`` 32 doubles the gate/up programs (and halves each one's stream) over
-    64, and the down projection (K = intermediate, usually short) keeps 64-wide N tiles with
-    the full K in 1-2 steps. With many tokens per expert the GEMMs become compute bound and
-    want big tiles.
+    - At most 16 tokens: the sort-free path (no alignment; one program row per pair, the
+      expert's first pair runs its tile). While tokens rarely share an expert (pairs <= half
+      the experts: 1-8 tokens at 128/top-8) the down projection runs token-major as a GEMV
+      over each token's experts, which writes the output rows directly (63.8% / 79.4% /
+      82.9% / 86.0% of copy bandwidth at 1 / 2 / 4 / 8 tokens); with more sharing it runs
+      expert-major plus a Triton top-k sum (90.8% at 16 tokens).
+    - More tokens: the sorted path with the one-launch Triton alignment and top-k sum (93.1% /
+      94.0% / 92.9% at 32 / 64 / 128 tokens); 32-row tiles from 16 routed pairs per expert on
+      (86.8% at 256 tokens against 85.8% for 16 rows). Big buckets become compute bound and
+      want big tiles.
     """
-    pairs = traits["num_tokens"] * traits["top_k"]
-    per_expert = pairs / max(1, traits["num_experts"])
-    if per_expert <= 16 and pairs <= 64:
-        # Decode-sized batches (1-8 tokens at top-8): spread each expert over many programs.
+    tokens, top_k = traits["num_tokens"], traits["top_k"]
+    pairs = tokens * top_k
+    experts = max(1, traits["num_experts"])
+    per_expert = pairs / experts
+    if tokens <= MOE_SORTFREE_MAX_TOKENS:  # one 16-row tile holds every token
+        if 2 * pairs <= experts:
+            return {
+                "path": "sortfree", "down": "token", "block_m": 16, "block_n": 32, "block_k": 128,
+                "num_warps": 4, "num_stages": 4, "down_block_n": 16, "down_block_k": 256,
+                "down_num_warps": 4, "down_num_stages": 4,
+            }  # fmt: skip
         return {
-            "block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4,
-            "down_block_n": 64, "down_block_k": 128,
+            "path": "sortfree", "reduce": "triton", "block_m": 16,
+            "block_n": 16 if tokens <= 4 else 32, "block_k": 128, "num_warps": 4,
+            "num_stages": 4, "down_block_n": 32, "down_block_k": 128,
         }  # fmt: skip
-    if per_expert <= 16:
-        return {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3}
-    if per_expert <= 64:
-        return {"block_m": 32, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
-    return {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3}
+    fewer = {"align": "triton", "reduce": "triton"} if pairs <= MOE_TRITON_ALIGN_MAX_PAIRS else {}
+    if per_expert < 16:
+        tiles = {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3}
+    elif per_expert <= 64:
+        tiles = {"block_m": 32, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
+    else:
+        tiles = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3}
+    return {**tiles, **fewer}
 
 
 def moe_config_space(traits: Traits) -> list[Config]:
-    per_expert = traits["num_tokens"] * traits["top_k"] / max(1, traits["num_experts"])
+    """The sorted path's tiles (with the Triton alignment and top-k sum where measured), and
+    for small batches the sort-free path with either down projection. The default first."""
+    tokens, top_k = traits["num_tokens"], traits["top_k"]
+    per_expert = tokens * top_k / max(1, traits["num_experts"])
+    fewer = {"align": "triton", "reduce": "triton"}
+    if tokens * top_k > MOE_TRITON_ALIGN_MAX_PAIRS:
+        fewer = {}
     ms = [16, 32] if per_expert <= 16 else [16, 32, 64, 128]
     ns = [16, 32, 64] if per_expert <= 16 else [32, 64, 128]
-    return _grid(
-        block_m=ms,
-        block_n=ns,
-        block_k=[64, 128],
-        num_warps=[4, 8],
-        num_stages=[2, 3, 4],
-    )
+    space = [moe_default_config(traits)]
+    if tokens <= MOE_SORTFREE_MAX_TOKENS:
+        gate_up = _grid(block_m=[16], block_n=[16, 32, 64], block_k=[128], num_warps=[4],
+                        num_stages=[3, 4])  # fmt: skip
+        token_down = _grid(down_block_n=[8, 16, 32], down_block_k=[128, 256, 512],
+                           down_num_warps=[4], down_num_stages=[4])  # fmt: skip
+        expert_down = _grid(down_block_n=[32, 64], down_block_k=[128])
+        space += [{"path": "sortfree", "down": "token", **g, **d}
+                  for g in gate_up for d in token_down]  # fmt: skip
+        space += [{"path": "sortfree", "reduce": "triton", **g, **d}
+                  for g in gate_up for d in expert_down]  # fmt: skip
+    tiles = _grid(block_m=ms, block_n=ns, block_k=[64, 128], num_warps=[4, 8],
+                  num_stages=[2, 3, 4])  # fmt: skip
+    space += [{**c, **fewer} for c in tiles]
+    return [c for i, c in enumerate(space) if c not in space[:i]]
