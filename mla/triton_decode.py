@@ -39,6 +39,15 @@ SCALE_NONE, SCALE_TENSOR, SCALE_TOKEN = 0, 1, 2
 
 
 @triton.jit
+def _rope_mask(rows_ok, r_ok, PADDED: tl.constexpr):
+    """The load mask of a rope tile: rows, and the padded columns only when there are any."""
+    mask = rows_ok[:, None]
+    if PADDED:
+        mask = mask & r_ok[None, :]
+    return mask
+
+
+@triton.jit
 def _mla_decode_split_kernel(
     q_ptr, kv_ptr, block_table_ptr, seq_lens_ptr, kv_scale_ptr,
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
@@ -49,7 +58,7 @@ def _mla_decode_split_kernel(
     stride_bt,
     stride_sp, stride_ss,
     stride_ob, stride_ot, stride_oh,
-    DV: tl.constexpr, DR: tl.constexpr,
+    DV: tl.constexpr, DR: tl.constexpr, BLOCK_R: tl.constexpr,
     NUM_SPLITS: tl.constexpr, SCALE_MODE: tl.constexpr, WRITE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     Q_RELOAD: tl.constexpr,
@@ -64,7 +73,8 @@ def _mla_decode_split_kernel(
     t = group * fold + r // num_heads  # query token of each row
     h = r % num_heads
     dv = tl.arange(0, DV)
-    dr = tl.arange(0, DR)
+    dr = tl.arange(0, BLOCK_R)  # the rope dims, padded to a dot's minimum K of 16
+    r_ok = dr < DR  # all true unless DR < 16
 
     seq_len = tl.load(seq_lens_ptr + b)
     q_pos = seq_len - q_len + t  # kv position of each row's query token (causal bound)
@@ -74,7 +84,8 @@ def _mla_decode_split_kernel(
 
     q_off = b * stride_qb + t * stride_qt + h * stride_qh
     q_c = tl.load(q_ptr + q_off[:, None] + dv[None, :], mask=row_ok[:, None], other=0.0)
-    q_r = tl.load(q_ptr + q_off[:, None] + DV + dr[None, :], mask=row_ok[:, None], other=0.0)
+    q_r = tl.load(q_ptr + q_off[:, None] + DV + dr[None, :], mask=_rope_mask(row_ok, r_ok, BLOCK_R != DR),
+                  other=0.0)  # fmt: skip
     compute_ty = q_ptr.dtype.element_ty
 
     scale = qk_scale
@@ -94,13 +105,15 @@ def _mla_decode_split_kernel(
         slot_in_page = pos % page_size
         kv_off = page * stride_kp + slot_in_page * stride_ks
         kv_c = tl.load(kv_ptr + kv_off[:, None] + dv[None, :], mask=tok_ok[:, None], other=0.0)
-        k_r = tl.load(kv_ptr + kv_off[:, None] + DV + dr[None, :], mask=tok_ok[:, None], other=0.0)
+        k_r = tl.load(kv_ptr + kv_off[:, None] + DV + dr[None, :],
+                      mask=_rope_mask(tok_ok, r_ok, BLOCK_R != DR), other=0.0)  # fmt: skip
         kv_c = kv_c.to(compute_ty)
         k_r = k_r.to(compute_ty)
 
         if Q_RELOAD:  # re-read q (L1/L2 hits) instead of holding it across the loop
             q_c = tl.load(q_ptr + q_off[:, None] + dv[None, :], mask=row_ok[:, None], other=0.0)
-            q_r = tl.load(q_ptr + q_off[:, None] + DV + dr[None, :], mask=row_ok[:, None],
+            q_r = tl.load(q_ptr + q_off[:, None] + DV + dr[None, :],
+                          mask=_rope_mask(row_ok, r_ok, BLOCK_R != DR),
                           other=0.0)  # fmt: skip
         s = tl.dot(q_c, tl.trans(kv_c), input_precision=DOT_PRECISION)
         s = tl.dot(q_r, tl.trans(k_r), acc=s, input_precision=DOT_PRECISION)
@@ -258,7 +271,7 @@ def mla_decode(
         block_tables.stride(0),
         stride_sp, stride_ss,
         out.stride(0), out.stride(1), out.stride(2),
-        DV=kv_lora_rank, DR=rope,
+        DV=kv_lora_rank, DR=rope, BLOCK_R=max(16, triton.next_power_of_2(rope)),
         NUM_SPLITS=splits, SCALE_MODE=scale_mode, WRITE_LSE=return_lse,
         DOT_PRECISION=_dot_precision(query.dtype),
         BLOCK_H=plan["block_h"], BLOCK_N=plan["block_n"], Q_RELOAD=plan["q_reload"],

@@ -50,9 +50,17 @@ def _scores(q_a, q_b, k_a, k_b, HAS_B: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _rows(base, n, stride, cols, n_lim, MASKED: tl.constexpr):
-    """Rows ``n`` of a ``[rows, stride]`` matrix at ``base`` (rows >= ``n_lim`` read as 0)."""
+def _rows(base, n, stride, cols, n_lim, MASKED: tl.constexpr, COL_LIM: tl.constexpr = 0):
+    """Rows ``n`` of a ``[rows, stride]`` matrix at ``base`` (rows >= ``n_lim`` read as 0).
+
+    ``COL_LIM`` > 0 also reads columns >= ``COL_LIM`` as 0 (a part padded to a dot's K = 16).
+    """
     ptrs = base + n.to(tl.int64)[:, None] * stride + cols[None, :]
+    if COL_LIM > 0:
+        col_ok = (cols < COL_LIM)[None, :]
+        if MASKED:
+            return tl.load(ptrs, mask=(n < n_lim)[:, None] & col_ok, other=0.0)
+        return tl.load(ptrs, mask=col_ok, other=0.0)
     if MASKED:
         return tl.load(ptrs, mask=(n < n_lim)[:, None], other=0.0)
     return tl.load(ptrs)
@@ -62,7 +70,7 @@ def _rows(base, n, stride, cols, n_lim, MASKED: tl.constexpr):
 def _k_tile(
     k_base, k_desc_a, k_desc_b, n0, row0, col0, n_lim, stride_kt,
     DA: tl.constexpr, DB: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, TMA: tl.constexpr,
+    MASKED: tl.constexpr, TMA: tl.constexpr, DB_LIM: tl.constexpr,
 ):  # fmt: skip
     """K rows ``n0 .. n0 + BLOCK_N`` of the request as (first part, second part)."""
     if TMA:
@@ -75,7 +83,7 @@ def _k_tile(
         k_a = _rows(k_base, n, stride_kt, tl.arange(0, DA), n_lim, MASKED)
         k_b = k_a
         if HAS_B:
-            k_b = _rows(k_base + DA, n, stride_kt, tl.arange(0, DB), n_lim, MASKED)
+            k_b = _rows(k_base + DA, n, stride_kt, tl.arange(0, DB), n_lim, MASKED, DB_LIM)
     return k_a, k_b
 
 
@@ -120,8 +128,8 @@ def _mla_prefill_kernel(
     num_heads, group, heads_x_batch, m_blocks,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ot, stride_oh, stride_lt,
-    DA: tl.constexpr, DB: tl.constexpr, HAS_B: tl.constexpr, DV: tl.constexpr,
-    CAUSAL: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DA: tl.constexpr, DB: tl.constexpr, HAS_B: tl.constexpr, DB_LIM: tl.constexpr,
+    DV: tl.constexpr, CAUSAL: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     TMA: tl.constexpr,
 ):  # fmt: skip
@@ -147,7 +155,11 @@ def _mla_prefill_kernel(
     q_a = tl.load(q_base + tl.arange(0, DA)[None, :], mask=row_ok[:, None], other=0.0)
     q_b = q_a
     if HAS_B:
-        q_b = tl.load(q_base + DA + tl.arange(0, DB)[None, :], mask=row_ok[:, None], other=0.0)
+        cols_b = tl.arange(0, DB)
+        q_mask = row_ok[:, None]
+        if DB_LIM > 0:  # a remainder padded to 16 columns: the pad reads as 0
+            q_mask = q_mask & (cols_b < DB_LIM)[None, :]
+        q_b = tl.load(q_base + DA + cols_b[None, :], mask=q_mask, other=0.0)
     k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_h * stride_kh
     v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_h * stride_vh
     k_col = kv_h * stride_kh  # TMA coordinates: [token row, column of this head]
@@ -172,7 +184,7 @@ def _mla_prefill_kernel(
     # Phase 1: tiles every row of the block sees entirely (no masks).
     for n0 in range(0, full_end, BLOCK_N):
         k_a, k_b = _k_tile(k_base, k_desc_a, k_desc_b, n0, k_start, k_col, kv_len,
-                           stride_kt, DA, DB, HAS_B, BLOCK_N, False, TMA)  # fmt: skip
+                           stride_kt, DA, DB, HAS_B, BLOCK_N, False, TMA, DB_LIM)  # fmt: skip
         s = _scores(q_a, q_b, k_a, k_b, HAS_B, DOT_PRECISION)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale, True, False)
         v = _v_tile(v_base, v_desc, n0, k_start, v_col, kv_len, stride_vt,
@@ -182,7 +194,7 @@ def _mla_prefill_kernel(
     # Phase 2: the diagonal and the ragged tail (masked, pointer loads).
     for n0 in range(full_end, hi, BLOCK_N):
         k_a, k_b = _k_tile(k_base, k_desc_a, k_desc_b, n0, k_start, k_col, kv_len,
-                           stride_kt, DA, DB, HAS_B, BLOCK_N, True, False)  # fmt: skip
+                           stride_kt, DA, DB, HAS_B, BLOCK_N, True, False, DB_LIM)  # fmt: skip
         s = _scores(q_a, q_b, k_a, k_b, HAS_B, DOT_PRECISION)
         n = n0 + tl.arange(0, BLOCK_N)
         visible = (n < kv_len)[None, :]
@@ -203,13 +215,20 @@ def _mla_prefill_kernel(
         tl.store(lse_ptr + o_rows * stride_lt + h, lse, mask=row_ok)
 
 
-def _split_dim(dim: int) -> tuple[int, int, bool]:
-    """A head dim as a power-of-two part plus a power-of-two remainder (192 = 128 + 64)."""
+def _split_dim(dim: int) -> tuple[int, int, bool, int]:
+    """A head dim as a power-of-two part plus a power-of-two remainder (192 = 128 + 64).
+
+    Returns ``(first, second, has_second, second_limit)``: a remainder under 16 (a tiny
+    model's 16 + 8) is padded to 16 columns, the minimum K of a dot, and ``second_limit``
+    is its real width (0 when no padding is needed).
+    """
     a = 1 << (dim.bit_length() - 1)
     rest = dim - a
     if rest and rest & (rest - 1):
         raise ValueError(f"head dim {dim} is not a sum of two powers of two")
-    return a, (rest or 16), bool(rest)
+    if not rest:
+        return a, 16, False, 0
+    return a, max(rest, 16), True, rest if rest < 16 else 0
 
 
 def _tma_ok(*tensors: torch.Tensor) -> bool:
@@ -281,7 +300,7 @@ def mla_prefill(
         raise ValueError("mla_prefill needs a non-negative softmax_scale")
     cfg = dict(prefill_default_config({"num_tokens": tq, "qk_head_dim": dim}))
     cfg.update(config or {})
-    da, db, has_b = _split_dim(dim)
+    da, db, has_b, db_lim = _split_dim(dim)
     if out is None:
         out = torch.empty(tq, heads, dv, dtype=query.dtype, device=query.device)
     lse = torch.empty(tq, heads, dtype=torch.float32, device=query.device) if return_lse else out
@@ -290,7 +309,7 @@ def mla_prefill(
         return (out, lse) if return_lse else out
     block_m, block_n = int(cfg["block_m"]), int(cfg["block_n"])
     descs = (None, None, None)
-    if int(cfg.get("tma", 0)) and key.shape[0] > 0:
+    if int(cfg.get("tma", 0)) and key.shape[0] > 0 and not db_lim:
         descs = _descriptors(key, value, da, db, block_n)
     bound = min(max_seqlen_q, tq) if max_seqlen_q else tq
     m_blocks = triton.cdiv(bound, block_m)
@@ -302,7 +321,7 @@ def mla_prefill(
         query.stride(0), query.stride(1), key.stride(0), key.stride(1),
         value.stride(0), value.stride(1), out.stride(0), out.stride(1),
         lse.stride(0) if return_lse else 0,
-        DA=da, DB=db, HAS_B=has_b, DV=dv,
+        DA=da, DB=db, HAS_B=has_b, DB_LIM=db_lim, DV=dv,
         CAUSAL=bool(causal), WRITE_LSE=bool(return_lse),
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=block_n,

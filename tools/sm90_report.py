@@ -8,8 +8,10 @@ way a real launch does (pointers and multiples of 16 are marked divisible by 16,
 equal to 1 becomes a constant), compiles it for ``sm_90a`` with the Triton that is
 installed, and reads the cubin with the ``cuobjdump`` Triton ships.
 
-    from tools.sm90_report import compile_report
+    from tools.sm90_report import compile_launches, compile_report
     print(compile_report(kernel, args, constexprs, num_warps=8, num_stages=2))
+    with compile_launches() as launched:  # every launch an op's launcher makes
+        fused_moe(x, w13, w2, weights, ids)  # CPU tensors of the real shapes
 
 Use the Triton version of the GPU machine (3.6 on the lent H200) for numbers that matter:
 codegen changes between releases.
@@ -17,11 +19,12 @@ codegen changes between releases.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -156,3 +159,39 @@ def _read_cubin(compiled: Any) -> KernelReport:
         spill_loads=len(re.findall(r"\bLDL\b", sass)),
         spill_stores=len(re.findall(r"\bSTL\b", sass)),
     )
+
+
+@contextlib.contextmanager
+def compile_launches(*, capability: int = 90) -> Iterator[list[tuple[str, KernelReport | str]]]:
+    """Within the block, every ``kernel[grid](...)`` launch compiles for sm_90a instead of running.
+
+    Call an op's Python launcher on CPU tensors of the real shapes and dtypes: each launch it
+    makes is specialised on its real arguments and compiled; the list collects ``(kernel
+    name, report)``, or ``(kernel name, error text)`` for a launch the compiler rejects (the
+    way to find a Triton lowering crash at some shape without a GPU). Outputs are not
+    computed, so launchers that read results back between launches are out of scope.
+    """
+    from triton.runtime.jit import JITFunction
+
+    results: list[tuple[str, KernelReport | str]] = []
+    original = JITFunction.__getitem__
+
+    def launch(self: Any, grid: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> None:
+            warps = kwargs.pop("num_warps", 4)
+            stages = kwargs.pop("num_stages", 3)
+            kwargs.pop("maxnreg", None)
+            try:
+                report = compile_report(self, list(args), kwargs, num_warps=warps,
+                                        num_stages=stages, capability=capability)  # fmt: skip
+                results.append((self.__name__, report))
+            except Exception as err:  # a compiler rejection is the finding, not a failure
+                results.append((self.__name__, f"{type(err).__name__}: {str(err)[-300:]}"))
+
+        return run
+
+    JITFunction.__getitem__ = launch
+    try:
+        yield results
+    finally:
+        JITFunction.__getitem__ = original

@@ -221,3 +221,28 @@ def test_decode_launch_variants():
             config=cfg,
         )  # fmt: skip
         torch.testing.assert_close(out.double(), exp, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_tiny_dims_pad_to_a_dot_of_16(dtype):
+    """A tiny model's rope dim 8 (decode) and q/k dim 16 + 8 (prefill) pad to K = 16."""
+    from tokenspeed.mla import triton_decode, triton_prefill
+
+    rank, rope, heads = 32, 8, 4
+    seq = [5, 40]
+    cache, tables = paged_latent(seq, 16, rank + rope, dtype, seed=2)
+    q = torch.randn(2, 1, heads, rank + rope).to(dtype)
+    out = triton_decode.mla_decode(q, cache, tables, torch.tensor(seq, dtype=torch.int32), 0.25,
+                                   kv_lora_rank=rank, num_splits=2)  # fmt: skip
+    exp, _ = decode64(q, cache, tables, seq, 0.25, rank)
+    torch.testing.assert_close(out.double(), exp, **TOL[dtype])
+
+    q_lens, kv_lens = [3, 20], [7, 20]
+    qp, kp = torch.randn(23, heads, 24).to(dtype), torch.randn(27, heads, 24).to(dtype)
+    vp = torch.randn(27, heads, 16).to(dtype)
+    res = triton_prefill.mla_prefill(
+        qp, kp, vp, cu(q_lens), cu(kv_lens), softmax_scale=0.3,
+        config={"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1},
+    )  # fmt: skip
+    exp_p, _ = prefill64(qp, kp, vp, q_lens, kv_lens, 0.3, True)
+    torch.testing.assert_close(res.double(), exp_p, **TOL[dtype])
