@@ -156,10 +156,18 @@ def main() -> None:
         default=None,
         help="KV sizing on CUDA; transformers runs after the engine is freed",
     )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads for both engines (default: torch's, one per core)",
+    )
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("offline_throughput.json"))
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # one setting, read by both engines in this process
 
     from tokenspeed.runtime.model_loader import load_hf_config
     from tokenspeed.runtime.model_source import resolve_model_path
@@ -174,6 +182,7 @@ def main() -> None:
         "num_requests": len(prompts),
         "input_tokens": sum(map(len, prompts)),
         "output_len": args.output_len,
+        "torch_threads": torch.get_num_threads(),
         "tokenspeed": ours,
     }
     if not args.skip_transformers:

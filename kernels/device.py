@@ -48,8 +48,22 @@ def _cached_device_info(kind: str, index: int) -> DeviceInfo:
     return DeviceInfo(kind=kind, vendor=kind, name=kind)
 
 
+_BY_DEVICE: dict[torch.device, DeviceInfo] = {}
+
+
 def device_info(device: torch.device | str) -> DeviceInfo:
-    """The DeviceInfo of ``device`` (cached per device)."""
+    """The DeviceInfo of ``device`` (cached per device).
+
+    Every op call asks, so a ``torch.device`` with its index known (or a CPU) is answered from
+    a dict before any parsing.
+    """
+    if isinstance(device, torch.device):
+        found = _BY_DEVICE.get(device)
+        if found is not None:
+            return found
+        if device.type == "cpu" or device.index is not None:
+            found = _BY_DEVICE[device] = _cached_device_info(device.type, device.index or 0)
+            return found
     device = torch.device(device)
     index = device.index
     if device.type == "cuda" and index is None:

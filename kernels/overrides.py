@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import re
 import tomllib
@@ -41,6 +42,7 @@ class OverrideSource:
         return f"{self.kernel} (from {self.source})"
 
 
+@functools.cache  # every op call asks (the dispatch fast path); the answer never changes
 def env_var_name(family: str, mode: str) -> str:
     """``TOKENSPEED_KERNEL_OVERRIDE_<FAMILY>_<MODE>`` for an op."""
     return ENV_PREFIX + re.sub(r"[^A-Z0-9]+", "_", f"{family}_{mode}".upper())

@@ -18,5 +18,5 @@ def store_kv(
     flat_v = v_cache.view(pages * page_size, *v_cache.shape[2:])
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    flat_k[slots] = k[keep].to(k_cache.dtype)
-    flat_v[slots] = v[keep].to(v_cache.dtype)
+    flat_k.index_copy_(0, slots, k[keep].to(k_cache.dtype))  # index_copy_: the fast row copy
+    flat_v.index_copy_(0, slots, v[keep].to(v_cache.dtype))

@@ -18,6 +18,19 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
     return torch.stack((o1, o2), dim=-1).flatten(-2)
 
 
+def _rotate_float32_in_place(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
+) -> None:
+    """``_rotate`` written straight into a float32 ``x`` (same products and rounding, no cat)."""
+    if is_neox:
+        x1, x2 = x.chunk(2, dim=-1)
+    else:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+    x1_sin, x2_sin = x1 * sin, x2 * sin
+    x1.mul_(cos).sub_(x2_sin)  # x1 cos - x2 sin
+    x2.mul_(cos).add_(x1_sin)  # x2 cos + x1 sin
+
+
 def apply_rotary_emb(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -33,5 +46,8 @@ def apply_rotary_emb(
     cos, sin = cos_sin_cache.index_select(0, positions.long()).float().chunk(2, dim=-1)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     for t in (q, k):
-        t[..., :rot_dim] = _rotate(t[..., :rot_dim].float(), cos, sin, is_neox).to(t.dtype)
+        if t.dtype == torch.float32:
+            _rotate_float32_in_place(t[..., :rot_dim], cos, sin, is_neox)
+        else:
+            t[..., :rot_dim] = _rotate(t[..., :rot_dim].float(), cos, sin, is_neox).to(t.dtype)
     return q, k

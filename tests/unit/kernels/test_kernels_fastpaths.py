@@ -124,11 +124,12 @@ def test_sdpa_extend_ranks_above_triton_on_cuda_where_its_traits_hold():
     assert fp32.chosen != "sdpa_paged_extend"
 
 
-def test_extend_op_reports_the_prefix_trait_and_stays_on_the_reference_on_cpu():
+def test_extend_op_reports_the_prefix_trait_and_stays_off_the_cuda_sdpa_candidate_on_cpu():
     q, k_cache, v_cache, tables, cu, lens = _dense_extend(2, 16, 4, 4, 2, torch.float32)
     out = K.paged_extend_attention(q, k_cache, v_cache, tables, cu, lens, 0.25)
     rec = [r for r in selection_records() if r["op"] == "attention.extend"][-1]
-    assert "prefix=none" in rec["bucket"] and rec["kernel"] == "torch_paged_extend"
+    # float32 on CPU: the CPU-only candidate (``cpu_paged_extend``), never the CUDA SDPA one
+    assert "prefix=none" in rec["bucket"] and rec["kernel"] == "cpu_paged_extend"
     close(out, ref_attn.paged_extend_attention(q, k_cache, v_cache, tables, cu, lens, 0.25),
           torch.float32)  # fmt: skip
 

@@ -67,13 +67,38 @@ def verdict(expl, name):
     return next(c for c in expl.candidates if c.kernel == name)
 
 
-def test_every_op_has_a_reference_that_cpu_picks():
+# CPU-only kernels that outrank the reference on CPU for the formats they declare.
+CPU_CANDIDATES = {
+    "attention.decode": "cpu_paged_decode",
+    "attention.extend": "cpu_paged_extend",
+}
+
+
+def test_every_op_has_a_reference_and_cpu_picks_it_or_a_cpu_candidate():
     for family, mode, ref_name, _ in OPS:
+        op = f"{family}.{mode}"
         expl = explain_selection(family, mode, {}, device="cpu")
-        assert expl.chosen == ref_name, expl
+        assert expl.chosen == CPU_CANDIDATES.get(op, ref_name), expl
+        assert verdict(expl, ref_name).kept, expl
+        debug = explain_selection(family, mode, {}, device="cpu", objective="debug")
+        assert debug.chosen == ref_name, debug
         for cand in expl.candidates:
-            # Higher bands (the SDPA extend candidate) exist but never run on CPU.
-            assert cand.band in ("PORTABLE", "REFERENCE") or not cand.kept, cand
+            # Higher bands (the SDPA extend candidate) exist but never run on CPU, except the
+            # CPU-only candidates.
+            cpu_only = cand.kernel == CPU_CANDIDATES.get(op)
+            assert cand.band in ("PORTABLE", "REFERENCE") or not cand.kept or cpu_only, cand
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_cpu_attention_candidates_are_float32_only_and_torch_still_means_the_reference(mode):
+    f32 = {"q": "float32", "kv_cache": "float32"}
+    assert explain_selection("attention", mode, f32, device="cpu").chosen == f"cpu_paged_{mode}"
+    bf16 = {"q": "bfloat16", "kv_cache": "bfloat16"}
+    assert explain_selection("attention", mode, bf16, device="cpu").chosen == (
+        f"torch_paged_{mode}"
+    )
+    forced = explain_selection("attention", mode, f32, device="cpu", override="torch")
+    assert forced.chosen == f"torch_paged_{mode}"
 
 
 def test_priority_bands_order():
@@ -428,8 +453,8 @@ def test_without_triton_only_torch_kernels_are_registered():
         print(K.silu_and_mul(torch.ones(1, 4)).tolist())
         """
     )
-    # The references and the SDPA extend candidate (plain torch); no Triton kernels.
+    # The references, the SDPA extend and CPU decode candidates (plain torch); no Triton.
     assert out.splitlines() == [
-        "['sdpa', 'torch']",
+        "['sdpa', 'torch', 'torch_cpu']",
         "[[0.7310585975646973, 0.7310585975646973]]",
     ]
