@@ -560,7 +560,12 @@ def mla_decode(
                             config=config)  # fmt: skip
     if out is None:
         out = torch.empty(batch, q_len, heads, D_LATENT, dtype=query.dtype, device=query.device)
-    lse = torch.empty(batch, q_len, heads, dtype=torch.float32, device=query.device)
+    elif not out.is_contiguous():
+        raise ValueError("the CuTe MLA decode writes a contiguous out[B, q_len, H, 512]")
+    if return_lse:
+        lse = torch.empty(batch, q_len, heads, dtype=torch.float32, device=query.device)
+    else:  # neither the kernel nor the merge writes it: any fp32 tensor will do
+        lse = _unused_partials(query.device)[1]
     if batch == 0:
         return (out, lse) if return_lse else out
     q2d = query.contiguous().view(batch * q_len * heads, D_QK)
