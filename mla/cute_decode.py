@@ -39,7 +39,9 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-TILE = 64  # KV tokens per tile: the wgmma M of both products
+from .configs import CUTE_TILE, cute_decode_plan
+
+TILE = CUTE_TILE  # KV tokens per tile: the wgmma M of both products
 D_LATENT = 512
 D_ROPE = 64
 D_QK = D_LATENT + D_ROPE
@@ -546,7 +548,6 @@ def mla_decode(
     """
     import torch
 
-    from .configs import cute_decode_plan
     from .triton_decode import _mla_decode_merge_kernel
 
     if kv_scale is not None or kv_lora_rank != D_LATENT or query.shape[-1] != D_QK:
