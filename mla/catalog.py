@@ -142,7 +142,8 @@ def _register_cute_decode() -> None:
         },
         priority=Priority.SPECIALIZED,
         tags=("deterministic",),
-        description="CuTe DSL SM90 MLA decode: TMA ring, wgmma with KV tokens on M",
+        description="CuTe DSL SM90 MLA decode: TMA ring, wgmma with KV tokens on M (up to "
+        "32 rows per request) or 64 rows on M in two alternating warp groups (64+)",
     )
 
 

@@ -210,16 +210,27 @@ def cute_decode_plan(
     batch: int, q_len: int, heads: int, kv_len: int, page_size: int, *,
     num_splits: int | None = None, config: dict[str, int] | None = None,
 ) -> dict[str, int]:  # fmt: skip
-    """Launch of the CuTe SM90 decode (``cute_decode.py``), from shapes only.
+    """Launch of the CuTe SM90 decode, from shapes only.
 
-    Rows (query token x head pairs) go 16, 32 or 64 to a CTA (two consumer warp groups at
-    64); a page of 64+ tokens must hold whole 64-token tiles; one CTA fills an SM (the ring
-    of 72 KiB tiles takes most of its shared memory), which sizes the split count.
+    Two kernels: ``layout="tokens"`` (``cute_decode.py``: KV tokens on the MMA M axis, 16, 32
+    or 64 rows (query token x head pairs) to a CTA, nothing padded) and ``layout="heads"``
+    (``cute_seesaw.py``: 64 rows on M, two warp groups taking turns on the softmax). Up to
+    32 rows per request the tokens layout is faster (padding 16 or 32 rows to 64 costs the
+    heads layout more than its better tensor-core feed wins back); from 64 rows on the heads
+    layout is (H200, 2026-12-01: docs/mla.md). A page of 64+ tokens must hold whole 64-token
+    tiles; one CTA fills an SM (the ring of 72 KiB tiles takes most of its shared memory),
+    which sizes the split count.
     """
     cfg = dict(config or {})
     rows_per_req = q_len * heads
-    rows = int(cfg.get("rows", 16 if rows_per_req <= 16 else 32 if rows_per_req <= 32 else 64))
-    wgs = int(cfg.get("wgs", 1 if rows <= 32 else 2))
+    layout = str(cfg.get("layout", "tokens" if rows_per_req <= 32 else "heads"))
+    if layout not in ("tokens", "heads"):
+        raise ValueError(f"layout={layout!r}: expected 'tokens' or 'heads'")
+    if layout == "heads":
+        rows, wgs = 64, 2
+    else:
+        rows = int(cfg.get("rows", 16 if rows_per_req <= 16 else 32 if rows_per_req <= 32 else 64))
+        wgs = int(cfg.get("wgs", 1 if rows <= 32 else 2))
     row_blocks = -(-rows_per_req // rows)
     if page_size >= CUTE_TILE and page_size % CUTE_TILE:
         raise ValueError(f"page_size={page_size}: pages of 64 tokens or more must hold whole tiles")
@@ -229,6 +240,7 @@ def cute_decode_plan(
         splits = decode_num_splits(batch, row_blocks, kv_len, block_h=64)
     splits = max(1, min(int(splits), max(1, -(-kv_len // CUTE_TILE))))
     return {
+        "layout": layout,
         "rows": rows,
         "wgs": wgs,
         "row_blocks": row_blocks,

@@ -503,8 +503,13 @@ def _unused_partials(device: Any) -> tuple[Any, Any]:
 def _compiled(key: tuple, args: tuple) -> Any:
     fn = _COMPILED.get(key)
     if fn is None:
-        rows, wgs, page_block, stages, split, write_lse, ablation = key
-        kernel = MlaDecodeSm90(rows, wgs, page_block, stages, split, write_lse, ablation)
+        layout, rows, wgs, page_block, stages, split, write_lse, ablation = key
+        if layout == "heads":
+            from .cute_seesaw import MlaDecodeSeesawSm90
+
+            kernel: Any = MlaDecodeSeesawSm90(page_block, split, write_lse, ablation)
+        else:
+            kernel = MlaDecodeSm90(rows, wgs, page_block, stages, split, write_lse, ablation)
         fn = _COMPILED[key] = cute.compile(kernel, *args)
     return fn
 
@@ -570,6 +575,8 @@ def mla_decode(
     if batch == 0:
         return (out, lse) if return_lse else out
     q2d = query.contiguous().view(batch * q_len * heads, D_QK)
+    if q2d.shape[0] < plan["rows"]:  # the query TMA box must not be taller than the tensor
+        q2d = torch.cat([q2d, q2d.new_zeros(plan["rows"] - q2d.shape[0], D_QK)])
     kv2d = cache.view(cache.shape[0] * page_size, D_QK)
     out2d = out.view(batch * q_len * heads, D_LATENT)
     splits = plan["num_splits"]
@@ -593,8 +600,8 @@ def mla_decode(
         Int32(page_size), Int32(batch), Int32(plan["row_blocks"]),
         cuda.CUstream(torch.cuda.current_stream().cuda_stream),
     )  # fmt: skip
-    key = (plan["rows"], plan["wgs"], plan["page_block"], plan["stages"], splits > 1, return_lse,
-           str((config or {}).get("ablation", "")))  # fmt: skip
+    key = (plan["layout"], plan["rows"], plan["wgs"], plan["page_block"], plan["stages"],
+           splits > 1, return_lse, str((config or {}).get("ablation", "")))  # fmt: skip
     _compiled(key, args)(*args)
     if splits > 1:
         _mla_decode_merge_kernel[(rows_total,)](

@@ -57,10 +57,13 @@ def variants(heads: int, q_len: int) -> list[tuple[str, Callable[..., Any]]]:
     if importlib.util.find_spec("cutlass") is not None:
         from tokenspeed.mla import cute_decode
 
-        configs: list[tuple[str, dict[str, Any]]] = [("cute", {})]
-        configs += [(f"cute x{n}", {"num_splits": n}) for n in (1, 2)]
-        if heads * q_len >= 64:
-            configs.append(("cute rows32", {"rows": 32, "wgs": 1}))
+        rows = heads * q_len
+        configs: list[tuple[str, dict[str, Any]]] = [("cute", {}), ("cute x2", {"num_splits": 2})]
+        # the layouts and rings the plan did not pick, to keep its choice honest
+        if rows <= 32:
+            configs.append(("cute heads", {"layout": "heads"}))
+        else:
+            configs.append(("cute tokens", {"layout": "tokens"}))
         configs += [
             (f"cute ablation {a}", {"ablation": a}) for a in ("no_values", "no_scores", "no_mma")
         ]

@@ -64,21 +64,36 @@ def _check(out, lse, exp, exp_lse, seq):
     assert torch.all(out[~live] == 0) and torch.all(lse[~live] == float("-inf"))
 
 
+# the two kernels: KV tokens on M, and 64 rows on M with two warp groups taking turns
+LAYOUTS = {"tokens": {"layout": "tokens"}, "heads": {"layout": "heads"}}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("heads", [16, 32, 64, 128])
 @pytest.mark.parametrize("q_len", [1, 2])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_flashmla_heads_ragged(heads, q_len, splits):
+def test_flashmla_heads_ragged(heads, q_len, splits, layout):
     lens = [1000, 64, q_len, 777, 130, q_len + 63]
     q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads + q_len + splits)
-    out, lse = _run(q, cache, tables, seq, num_splits=splits)
+    out, lse = _run(q, cache, tables, seq, num_splits=splits, config=LAYOUTS[layout])
     _check(out, lse, *_expected(q, cache, tables, seq), seq)
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("page", [16, 32, 128])
-def test_page_sizes(page):
+def test_page_sizes(page, layout):
     lens = [300, 17, 256, 0]
-    q, cache, tables, seq = _problem(lens, 16, 1, page, seed=page)
-    out, lse = _run(q, cache, tables, seq, num_splits=2)
+    heads = 16 if layout == "tokens" else 64
+    q, cache, tables, seq = _problem(lens, heads, 1, page, seed=page)
+    out, lse = _run(q, cache, tables, seq, num_splits=2, config=LAYOUTS[layout])
+    _check(out, lse, *_expected(q, cache, tables, seq), seq)
+
+
+def test_heads_layout_odd_rows_and_three_query_tokens():
+    """48 rows per request (16 heads x 3 tokens) pad a 64-row block; the causal block holds."""
+    lens = [513, 3, 64, 2048]
+    q, cache, tables, seq = _problem(lens, 16, 3, 64, seed=7)
+    out, lse = _run(q, cache, tables, seq, num_splits=2, config={"layout": "heads"})
     _check(out, lse, *_expected(q, cache, tables, seq), seq)
 
 
@@ -131,3 +146,11 @@ def test_registry_picks_it_and_plans_its_workspace():
     assert plan.kernel in {r["kernel"] for r in selection_records() if r["op"] == "mla.decode"}
     exp, _ = _expected(q, cache, tables, seq)
     torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("layout,heads", [("heads", 32), ("tokens", 48)])
+def test_one_request_smaller_than_a_row_block(layout, heads):
+    """One request of fewer rows than the CTA's block: the query is padded for the TMA box."""
+    q, cache, tables, seq = _problem([700], heads, 1, 64, seed=heads)
+    out, lse = _run(q, cache, tables, seq, num_splits=1, config={"layout": layout})
+    _check(out, lse, *_expected(q, cache, tables, seq), seq)

@@ -32,7 +32,12 @@ def test_every_mode_has_a_reference_and_a_triton_kernel():
 def test_selection_on_gpus():
     bf16 = {"q": "bfloat16", "kv_cache": "bfloat16"}
     fp8 = {"q": "bfloat16", "kv_cache": "float8_e4m3fn"}
-    assert explain_selection("mla", "decode", bf16, device=H200).chosen == "triton_mla_decode"
+    import importlib.util
+
+    # bf16 on Hopper: the CuTe DSL kernel where nvidia-cutlass-dsl is installed, else Triton
+    cute = importlib.util.find_spec("cutlass") is not None
+    want = "cute_mla_decode_sm90" if cute else "triton_mla_decode"
+    assert explain_selection("mla", "decode", bf16, device=H200).chosen == want
     assert explain_selection("mla", "decode", fp8, device=H200).chosen == "triton_mla_decode_fp8"
     # Triton has no e4m3 before compute capability 8.9: the reference serves FP8 on an A100.
     explained = explain_selection("mla", "decode", fp8, device=A100)
@@ -106,13 +111,21 @@ def test_public_api():
 
 def test_cute_decode_plan_rows_groups_pages_and_workspace():
     plan = configs.cute_decode_plan(128, 1, 16, 4096, 64)
+    assert plan["layout"] == "tokens"
     assert (plan["rows"], plan["wgs"], plan["row_blocks"], plan["page_block"]) == (16, 1, 1, 64)
     plan = configs.cute_decode_plan(8, 2, 128, 4096, 16, num_splits=3)
+    assert plan["layout"] == "heads"
     assert (plan["rows"], plan["wgs"], plan["row_blocks"], plan["page_block"]) == (64, 2, 4, 16)
     assert plan["workspace_bytes"] == 8 * 2 * 128 * 3 * 513 * 4
-    assert configs.cute_decode_plan(4, 1, 32, 100, 64, num_splits=8)["num_splits"] == 2
-    with pytest.raises(ValueError, match="whole tiles"):
-        configs.cute_decode_plan(4, 1, 16, 4096, 96)
+    # up to 32 rows per request the tokens layout; from 64 the heads layout (64-row blocks)
+    plan = configs.cute_decode_plan(8, 1, 32, 4096, 64)
+    assert (plan["layout"], plan["rows"], plan["wgs"]) == ("tokens", 32, 1)
+    plan = configs.cute_decode_plan(8, 1, 64, 4096, 64)
+    assert (plan["layout"], plan["rows"], plan["row_blocks"]) == ("heads", 64, 1)
+    plan = configs.cute_decode_plan(8, 1, 32, 4096, 64, config={"layout": "heads"})
+    assert (plan["layout"], plan["rows"], plan["row_blocks"]) == ("heads", 64, 1)
+    with pytest.raises(ValueError, match="layout"):
+        configs.cute_decode_plan(8, 1, 32, 4096, 64, config={"layout": "diagonal"})
 
 
 def test_cute_decode_needs_hopper_and_cute_dsl():
