@@ -59,7 +59,77 @@ def _slot(i: int, cols: int) -> int:
     return (within % 2) + 2 * (within // 4)
 
 
-class MlaDecodeSm90:
+class KvRingProducer:
+    """What both CuTe decode kernels share: the TMA copies of the query block and of the paged
+    KV tiles, and the producer warp that fills the ring.
+
+    A kernel sets ``rows`` (query rows per CTA), ``page_block`` (tokens per TMA box: the page,
+    or 64 for larger pages), ``copies_per_tile`` (``TILE // page_block``) and ``stages``.
+    """
+
+    @cute.jit
+    def _make_tmas(self, m_q: cute.Tensor, m_kv: cute.Tensor, q_layout, kv_layout):
+        """TMA atoms: one box of ``page_block`` tokens x 576 dims of a KV stage (same strides as
+        the stage), and the ``rows`` x 576 query block."""
+        kv_stage = cute.slice_(kv_layout, (None, None, 0))
+        box_outer = cute.composition(
+            kv_stage.outer, cute.make_layout((self.page_block, D_QK), stride=(1, TILE))
+        )
+        box_layout = cute.make_composed_layout(kv_stage.inner, 0, box_outer)
+        tma_kv_atom, tma_kv = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m_kv, box_layout, (self.page_block, D_QK)
+        )
+        q_one = cute.slice_(q_layout, (None, None, 0))
+        tma_q_atom, tma_q = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m_q, q_one, (self.rows, D_QK)
+        )
+        return tma_kv_atom, tma_kv, tma_q_atom, tma_q
+
+    @cute.jit
+    def _produce(
+        self, tma_kv_atom, tma_kv, tma_q_atom, tma_q, s_kv, s_q, q_bar, kv_pipe, m_bt, b,
+        rows_per_req, row0, start, end, n_tiles, page_size,
+    ):  # fmt: skip
+        """The producer warp: the query block once, then every KV tile of the split."""
+        g_q = cute.local_tile(
+            cute.domain_offset((b * rows_per_req + row0, 0), tma_q), (self.rows, D_QK), (0, 0)
+        )
+        t_qs, t_qg = cpasync.tma_partition(
+            tma_q_atom, 0, cute.make_layout(1), cute.group_modes(s_q, 0, 2),
+            cute.group_modes(g_q, 0, 2),
+        )  # fmt: skip
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.rows * D_QK * 2)
+        cute.copy(tma_q_atom, t_qg, t_qs[(None, 0)], tma_bar_ptr=q_bar)
+
+        # (box, copies per tile, stages) view of the ring; (box, box index) view of the cache.
+        s_boxes = cute.flat_divide(s_kv, (self.page_block, D_QK))
+        g_boxes = cute.local_tile(tma_kv, (self.page_block, D_QK), (None, 0))
+        t_kvs, t_kvg = cpasync.tma_partition(
+            tma_kv_atom, 0, cute.make_layout(1), cute.group_modes(s_boxes, 0, 2),
+            cute.group_modes(g_boxes, 0, 2),
+        )  # fmt: skip
+        n_boxes = cute.size(g_boxes, mode=[2])
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for tile in cutlass.range(n_tiles, unroll=1):
+            kv_pipe.producer_acquire(state)
+            for c in cutlass.range_constexpr(self.copies_per_tile):
+                pos = start + tile * TILE + c * self.page_block
+                # A box wholly past the split's end reads nothing real: point it past the
+                # cache (TMA zero-fills out-of-range boxes and still counts their bytes).
+                box = Int32(n_boxes)
+                if pos < end:
+                    page = m_bt[b, pos // page_size]
+                    box = (page * page_size + pos % page_size) // self.page_block
+                cute.copy(
+                    tma_kv_atom, t_kvg[(None, box)], t_kvs[(None, c, 0, state.index)],
+                    tma_bar_ptr=kv_pipe.producer_get_barrier(state),
+                )  # fmt: skip
+            kv_pipe.producer_commit(state)
+            state.advance()
+
+
+class MlaDecodeSm90(KvRingProducer):
     """One compiled decode variant: row block, consumer warp groups, page copy size, stages."""
 
     def __init__(
@@ -130,19 +200,7 @@ class MlaDecodeSm90:
         )
         q_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, D_QK), BFloat16, 1)
         p_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, TILE), BFloat16, 1)
-        # One TMA box: page_block tokens x 576 dims of a KV stage (same strides as the stage).
-        kv_stage = cute.slice_(kv_layout, (None, None, 0))
-        box_outer = cute.composition(
-            kv_stage.outer, cute.make_layout((self.page_block, D_QK), stride=(1, TILE))
-        )
-        box_layout = cute.make_composed_layout(kv_stage.inner, 0, box_outer)
-        tma_kv_atom, tma_kv = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), m_kv, box_layout, (self.page_block, D_QK)
-        )
-        q_one = cute.slice_(q_layout, (None, None, 0))
-        tma_q_atom, tma_q = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), m_q, q_one, (self.rows, D_QK)
-        )
+        tma_kv_atom, tma_kv, tma_q_atom, tma_q = self._make_tmas(m_q, m_kv, q_layout, kv_layout)
 
         @cute.struct
         class SharedStorage:
@@ -249,49 +307,6 @@ class MlaDecodeSm90:
                 num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx,
                 warp, lane,
             )  # fmt: skip
-
-    @cute.jit
-    def _produce(
-        self, tma_kv_atom, tma_kv, tma_q_atom, tma_q, s_kv, s_q, q_bar, kv_pipe, m_bt, b,
-        rows_per_req, row0, start, end, n_tiles, page_size,
-    ):  # fmt: skip
-        """The producer warp: the query block once, then every KV tile of the split."""
-        g_q = cute.local_tile(
-            cute.domain_offset((b * rows_per_req + row0, 0), tma_q), (self.rows, D_QK), (0, 0)
-        )
-        t_qs, t_qg = cpasync.tma_partition(
-            tma_q_atom, 0, cute.make_layout(1), cute.group_modes(s_q, 0, 2),
-            cute.group_modes(g_q, 0, 2),
-        )  # fmt: skip
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.rows * D_QK * 2)
-        cute.copy(tma_q_atom, t_qg, t_qs[(None, 0)], tma_bar_ptr=q_bar)
-
-        # (box, copies per tile, stages) view of the ring; (box, box index) view of the cache.
-        s_boxes = cute.flat_divide(s_kv, (self.page_block, D_QK))
-        g_boxes = cute.local_tile(tma_kv, (self.page_block, D_QK), (None, 0))
-        t_kvs, t_kvg = cpasync.tma_partition(
-            tma_kv_atom, 0, cute.make_layout(1), cute.group_modes(s_boxes, 0, 2),
-            cute.group_modes(g_boxes, 0, 2),
-        )  # fmt: skip
-        n_boxes = cute.size(g_boxes, mode=[2])
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        for tile in cutlass.range(n_tiles, unroll=1):
-            kv_pipe.producer_acquire(state)
-            for c in cutlass.range_constexpr(self.copies_per_tile):
-                pos = start + tile * TILE + c * self.page_block
-                # A box wholly past the split's end reads nothing real: point it past the
-                # cache (TMA zero-fills out-of-range boxes and still counts their bytes).
-                box = Int32(n_boxes)
-                if pos < end:
-                    page = m_bt[b, pos // page_size]
-                    box = (page * page_size + pos % page_size) // self.page_block
-                cute.copy(
-                    tma_kv_atom, t_kvg[(None, box)], t_kvs[(None, c, 0, state.index)],
-                    tma_bar_ptr=kv_pipe.producer_get_barrier(state),
-                )  # fmt: skip
-            kv_pipe.producer_commit(state)
-            state.advance()
 
     @cute.jit
     def _scores(self, mma_s, acc, r_sa, r_sb, stage):

@@ -46,9 +46,9 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import warpgroup
 
-from .configs import CUTE_TILE
+from .cute_decode import TILE, KvRingProducer
 
 ROWS = 64  # query rows per CTA: the wgmma M
 D_LATENT = 512
@@ -68,16 +68,16 @@ _BAR_CONSUMERS = 5  # both consumer warp groups (epilogue)
 _PAIR = 256  # threads of the two consumer warp groups
 
 
-class MlaDecodeSeesawSm90:
+class MlaDecodeSeesawSm90(KvRingProducer):
     """One compiled variant: page copy size, split output or not, LSE or not."""
 
     def __init__(self, page_block: int, split: bool, write_lse: bool, ablation: str = "") -> None:
         if page_block not in (8, 16, 32, 64):
             raise ValueError(f"page_block={page_block} must be 8, 16, 32 or 64")
-        self.tile = CUTE_TILE  # KV tokens per tile: the N of the scores, the K of the values
+        self.rows = ROWS
         self.stages = 2  # two 72 KiB tiles: with the 72 KiB query block, all that fits
         self.page_block = page_block
-        self.copies_per_tile = self.tile // page_block
+        self.copies_per_tile = TILE // page_block
         self.split = split
         self.write_lse = write_lse
         # Benchmark-only: leave a product out ("no_scores", "no_values") or both ("no_mma") to
@@ -112,35 +112,23 @@ class MlaDecodeSeesawSm90:
     ):
         k_major = warpgroup.OperandMajorMode.K
         mma_s = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, k_major, k_major, Float32, (1, 1, 1), tiler_mn=(ROWS, self.tile)
+            BFloat16, BFloat16, k_major, k_major, Float32, (1, 1, 1), tiler_mn=(ROWS, TILE)
         )
         mma_o = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, k_major, warpgroup.OperandMajorMode.MN, Float32, (1, 1, 1),
             tiler_mn=(ROWS, HALF_V),
         )  # fmt: skip
         row_major = utils.LayoutEnum.ROW_MAJOR
-        q_layout = sm90_utils.make_smem_layout_a(row_major, (ROWS, self.tile, D_QK), BFloat16, 1)
+        q_layout = sm90_utils.make_smem_layout_a(row_major, (ROWS, TILE, D_QK), BFloat16, 1)
         kv_layout = sm90_utils.make_smem_layout_b(
-            row_major, (ROWS, self.tile, D_QK), BFloat16, self.stages
+            row_major, (ROWS, TILE, D_QK), BFloat16, self.stages
         )
         # V = the first 512 dims of a KV stage, as an N-major (dims contiguous) B operand.
         v_layout = sm90_utils.make_smem_layout_b(
-            utils.LayoutEnum.COL_MAJOR, (ROWS, D_LATENT, self.tile), BFloat16, 1
+            utils.LayoutEnum.COL_MAJOR, (ROWS, D_LATENT, TILE), BFloat16, 1
         )
-        p_layout = sm90_utils.make_smem_layout_a(row_major, (ROWS, HALF_V, self.tile), BFloat16, 1)
-        # One TMA box: page_block tokens x 576 dims of a KV stage (same strides as the stage).
-        kv_stage = cute.slice_(kv_layout, (None, None, 0))
-        box_outer = cute.composition(
-            kv_stage.outer, cute.make_layout((self.page_block, D_QK), stride=(1, self.tile))
-        )
-        box_layout = cute.make_composed_layout(kv_stage.inner, 0, box_outer)
-        tma_kv_atom, tma_kv = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), m_kv, box_layout, (self.page_block, D_QK)
-        )
-        q_one = cute.slice_(q_layout, (None, None, 0))
-        tma_q_atom, tma_q = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), m_q, q_one, (ROWS, D_QK)
-        )
+        p_layout = sm90_utils.make_smem_layout_a(row_major, (ROWS, HALF_V, TILE), BFloat16, 1)
+        tma_kv_atom, tma_kv, tma_q_atom, tma_q = self._make_tmas(m_q, m_kv, q_layout, kv_layout)
 
         @cute.struct
         class SharedStorage:
@@ -198,12 +186,10 @@ class MlaDecodeSeesawSm90:
         rows_per_req = q_len * num_heads
         row0 = rb * ROWS  # first row of this block inside the request
         seq_len = m_seq[b]
-        per_split = (
-            ((seq_len + num_splits - 1) // num_splits + self.tile - 1) // self.tile
-        ) * self.tile
+        per_split = (((seq_len + num_splits - 1) // num_splits + TILE - 1) // TILE) * TILE
         start = split * per_split
         end = cutlass.min(start + per_split, seq_len)
-        n_tiles = cutlass.max((end - start + self.tile - 1) // self.tile, 0)
+        n_tiles = cutlass.max((end - start + TILE - 1) // TILE, 0)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -220,7 +206,7 @@ class MlaDecodeSeesawSm90:
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),  # 8 warps
-            tx_count=self.tile * D_QK * 2,
+            tx_count=TILE * D_QK * 2,
             defer_sync=True,
         )
         if warp == 0:
@@ -245,49 +231,6 @@ class MlaDecodeSeesawSm90:
             )  # fmt: skip
 
     @cute.jit
-    def _produce(
-        self, tma_kv_atom, tma_kv, tma_q_atom, tma_q, s_kv, s_q, q_bar, kv_pipe, m_bt, b,
-        rows_per_req, row0, start, end, n_tiles, page_size,
-    ):  # fmt: skip
-        """The producer warp: the query block once, then every KV tile of the split."""
-        g_q = cute.local_tile(
-            cute.domain_offset((b * rows_per_req + row0, 0), tma_q), (ROWS, D_QK), (0, 0)
-        )
-        t_qs, t_qg = cpasync.tma_partition(
-            tma_q_atom, 0, cute.make_layout(1), cute.group_modes(s_q, 0, 2),
-            cute.group_modes(g_q, 0, 2),
-        )  # fmt: skip
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(q_bar, ROWS * D_QK * 2)
-        cute.copy(tma_q_atom, t_qg, t_qs[(None, 0)], tma_bar_ptr=q_bar)
-
-        # (box, copies per tile, stages) view of the ring; (box, box index) view of the cache.
-        s_boxes = cute.flat_divide(s_kv, (self.page_block, D_QK))
-        g_boxes = cute.local_tile(tma_kv, (self.page_block, D_QK), (None, 0))
-        t_kvs, t_kvg = cpasync.tma_partition(
-            tma_kv_atom, 0, cute.make_layout(1), cute.group_modes(s_boxes, 0, 2),
-            cute.group_modes(g_boxes, 0, 2),
-        )  # fmt: skip
-        n_boxes = cute.size(g_boxes, mode=[2])
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        for tile in cutlass.range(n_tiles, unroll=1):
-            kv_pipe.producer_acquire(state)
-            for c in cutlass.range_constexpr(self.copies_per_tile):
-                pos = start + tile * self.tile + c * self.page_block
-                # A box wholly past the split's end reads nothing real: point it past the
-                # cache (TMA zero-fills out-of-range boxes and still counts their bytes).
-                box = Int32(n_boxes)
-                if pos < end:
-                    page = m_bt[b, pos // page_size]
-                    box = (page * page_size + pos % page_size) // self.page_block
-                cute.copy(
-                    tma_kv_atom, t_kvg[(None, box)], t_kvs[(None, c, 0, state.index)],
-                    tma_bar_ptr=kv_pipe.producer_get_barrier(state),
-                )  # fmt: skip
-            kv_pipe.producer_commit(state)
-            state.advance()
-
-    @cute.jit
     def _consume(
         self, mma_s, mma_o, s_kv, s_q, s_p, v_layout, q_bar, kv_pipe, s_max, s_alpha, s_sum,
         m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, b, split,
@@ -301,8 +244,8 @@ class MlaDecodeSeesawSm90:
         thr_s = mma_s.get_slice(wg_tidx)
         r_sa = mma_s.make_fragment_A(thr_s.partition_A(s_q[None, None, 0]))  # (MMA, 1, 36)
         r_sb = mma_s.make_fragment_B(thr_s.partition_B(s_kv))  # (MMA, 1, 36, stages)
-        acc_s = cute.make_rmem_tensor(mma_s.partition_shape_C((ROWS, self.tile)), Float32)
-        coords_s = thr_s.partition_C(cute.make_identity_tensor((ROWS, self.tile)))
+        acc_s = cute.make_rmem_tensor(mma_s.partition_shape_C((ROWS, TILE)), Float32)
+        coords_s = thr_s.partition_C(cute.make_identity_tensor((ROWS, TILE)))
         # P is written where S accumulates: s_p is (rows, tokens), the index space of S.
         t_sp = thr_s.partition_C(s_p[None, None, 0])
         r_p = cute.make_rmem_tensor_like(acc_s, BFloat16)
@@ -437,7 +380,7 @@ class MlaDecodeSeesawSm90:
         """``O[:, half] += P @ V[:, half]`` with ``P`` from shared memory (committed)."""
         if cutlass.const_expr(self.ablation not in ("no_values", "no_mma")):
             v_all = cute.make_tensor(s_kv[None, None, stage].iterator, v_layout.outer)
-            v_half = cute.local_tile(v_all[None, None, 0], (HALF_V, self.tile), (wg, 0))
+            v_half = cute.local_tile(v_all[None, None, 0], (HALF_V, TILE), (wg, 0))
             r_ob = mma_o.make_fragment_B(thr_o.partition_B(v_half))
             warpgroup.fence()
             for k in cutlass.range_constexpr(cute.size(r_oa, mode=[2])):
@@ -477,8 +420,8 @@ class MlaDecodeSeesawSm90:
     def _softmax(self, acc_s, r_p, coords_s, m_run, alpha, l_own, scale_log2, start, end, tile,
                  first_t, row0, num_heads, lane):  # fmt: skip
         """Scale and mask ``S``, update the running max, write ``P`` (bf16) and ``alpha``."""
-        tile_start = start + tile * self.tile
-        masked = tile_start + self.tile > cutlass.min(end, first_t + 1)
+        tile_start = start + tile * TILE
+        masked = tile_start + TILE > cutlass.min(end, first_t + 1)
         tile_max = cute.make_rmem_tensor((2,), Float32)
         tile_max.fill(_NEG_INF)
         for i in cutlass.range_constexpr(cute.size(acc_s)):
