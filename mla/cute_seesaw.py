@@ -389,6 +389,7 @@ class MlaDecodeSeesawSm90(KvRingProducer):
 
     @cute.jit
     def _rescale(self, acc_o, alpha):
+        """Bring this group's half of ``O`` to the new running max (its two rows)."""
         for i in cutlass.range_constexpr(cute.size(acc_o)):
             acc_o[i] = acc_o[i] * alpha[(i // 2) % 2]
 
