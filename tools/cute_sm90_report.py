@@ -1,0 +1,156 @@
+"""Compile a CuTe DSL kernel for Hopper (sm_90a) on a machine without a GPU and report it.
+
+Device time is scarce. CuTe DSL lowers a kernel to PTX before it needs a driver; only the JIT
+step at the end does. With that step stubbed out, the PTX lands in a dump folder, and
+``ptxas -v`` and ``cuobjdump`` (Triton ships one) answer most questions about the kernel: its
+registers and spills, whether ptxas serialises the wgmma instructions (warning C7514, which
+costs far more than any schedule tweak), how many HGMMA instructions and barriers each path
+has. Layout questions can be settled the same way, by printing static layouts inside a
+``cute.jit`` function.
+
+    python tools/cute_sm90_report.py            # both MLA decode kernels, a few variants
+    from tools.cute_sm90_report import compile_report
+    print(compile_report(kernel_object, *example_args))   # any CuTe kernel
+
+Needs ``nvidia-cutlass-dsl`` (``pip install -e .[hopper]``) and a CUDA toolkit's ``ptxas``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+# The DSL reads these when it is imported: set them before anything imports cutlass.
+_DUMP = tempfile.mkdtemp(prefix="cute_sm90_")
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+os.environ["CUTE_DSL_KEEP_PTX"] = "1"
+os.environ["CUTE_DSL_DUMP_DIR"] = _DUMP
+
+
+class _Compiled(Exception):
+    """Raised in place of the JIT step: the PTX has been written by then."""
+
+
+@dataclass(frozen=True)
+class CuteReport:
+    """What ptxas and cuobjdump made of one compiled kernel."""
+
+    registers: int
+    spill_bytes: int
+    wgmma_serialised: bool  # ptxas C7514: every wgmma waits for the previous one
+    hgmma: int  # static SASS counts
+    named_barriers: int
+    warnings: tuple[str, ...]
+
+    def __str__(self) -> str:
+        flag = "  ** wgmma serialised (C7514) **" if self.wgmma_serialised else ""
+        return (f"{self.registers} registers, {self.spill_bytes} B spilled, {self.hgmma} HGMMA, "
+                f"{self.named_barriers} BAR instructions{flag}")  # fmt: skip
+
+
+def _stub_jit() -> None:
+    from cutlass.base_dsl import compiler
+
+    def jit(self: Any, module: Any, opt_level: int = 2, shared_libs: Any = ()) -> Any:
+        raise _Compiled()
+
+    compiler.Compiler.jit = jit
+
+
+def _cuobjdump() -> str | None:
+    try:
+        import triton
+
+        path = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+        return path if os.path.exists(path) else shutil.which("cuobjdump")
+    except ImportError:
+        return shutil.which("cuobjdump")
+
+
+def compile_report(kernel: Any, *args: Any) -> CuteReport:
+    """Compile ``cute.compile(kernel, *args)`` for sm_90a without a GPU; report its resources."""
+    _stub_jit()
+    import cutlass.cute as cute
+
+    for old in glob.glob(os.path.join(_DUMP, "*.ptx")):
+        os.remove(old)
+    try:
+        cute.compile(kernel, *args)
+    except Exception as err:  # the stubbed JIT step, wrapped by the DSL
+        if not isinstance(getattr(err, "cause", None) or err.__cause__ or err, _Compiled):
+            raise
+    (ptx_path,) = glob.glob(os.path.join(_DUMP, "*.ptx"))
+    with tempfile.TemporaryDirectory() as out:
+        ptx = os.path.join(out, "kernel.ptx")
+        with open(ptx_path, "rb") as src, open(ptx, "wb") as dst:
+            dst.write(src.read().replace(b"\0", b""))  # the dump ends in a NUL ptxas rejects
+        cubin = os.path.join(out, "kernel.cubin")
+        info = subprocess.run(["ptxas", "-arch=sm_90a", "-v", ptx, "-o", cubin],
+                              capture_output=True, text=True, check=True).stderr  # fmt: skip
+        sass = ""
+        if (tool := _cuobjdump()) is not None:
+            sass = subprocess.run([tool, "--dump-sass", cubin], capture_output=True,
+                                  text=True).stdout  # fmt: skip
+    registers = max((int(n) for n in re.findall(r"Used (\d+) registers", info)), default=0)
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", info))
+    warnings = tuple(line.strip() for line in info.splitlines() if "(C7" in line)
+    return CuteReport(
+        registers=registers,
+        spill_bytes=spills,
+        wgmma_serialised=any("C7514" in w for w in warnings),
+        hgmma=len(re.findall(r"\bHGMMA\.", sass)),
+        named_barriers=len(re.findall(r"\bBAR\.(?:SYNC|ARV)", sass)),
+        warnings=warnings,
+    )
+
+
+def _mla_decode_args(heads: int, page_size: int, *, split: bool) -> tuple[Any, ...]:
+    """Example arguments of the MLA decode kernels (CPU tensors: only shapes matter)."""
+    import cuda.bindings.driver as cuda
+    import torch
+    from cutlass import Float32, Int32
+
+    from tokenspeed.mla.cute_decode import _cute_tensor
+
+    batch = 4
+    rows = batch * heads
+    tensors = (
+        _cute_tensor(torch.empty(rows, 576, dtype=torch.bfloat16)),
+        _cute_tensor(torch.empty(64 * page_size, 576, dtype=torch.bfloat16)),
+        _cute_tensor(torch.zeros(batch, 16, dtype=torch.int32), 4, all_dynamic=True),
+        _cute_tensor(torch.zeros(batch, dtype=torch.int32), 4),
+        _cute_tensor(torch.empty(rows, 512, dtype=torch.bfloat16)),
+        _cute_tensor(torch.empty(rows), 4),
+        _cute_tensor(torch.empty(rows * 2 if split else 1, 512)),
+        _cute_tensor(torch.empty(rows * 2 if split else 1), 4),
+    )
+    scalars = (Float32(0.1), Int32(1), Int32(heads), Int32(2 if split else 1), Int32(page_size),
+               Int32(batch), Int32(1), cuda.CUstream(0))  # fmt: skip
+    return tensors + scalars
+
+
+def main() -> None:
+    """Report the MLA decode kernels: KV tokens on M (16/64 rows) and 64 rows on M."""
+    from tokenspeed.mla.cute_decode import MlaDecodeSm90
+    from tokenspeed.mla.cute_seesaw import MlaDecodeSeesawSm90
+
+    cases = [
+        ("tokens-on-M, 16 rows, page 64", MlaDecodeSm90(16, 1, 64, 2, False, True), 16, 64, 0),
+        ("tokens-on-M, 64 rows, page 16, split", MlaDecodeSm90(64, 2, 16, 2, True, False), 64,
+         16, 1),
+        ("rows-on-M seesaw, page 64", MlaDecodeSeesawSm90(64, False, True), 64, 64, 0),
+        ("rows-on-M seesaw, page 16, split", MlaDecodeSeesawSm90(16, True, False), 64, 16, 1),
+    ]  # fmt: skip
+    for name, kernel, heads, page, split in cases:
+        report = compile_report(kernel, *_mla_decode_args(heads, page, split=bool(split)))
+        print(f"{name:<40} {report}")
+
+
+if __name__ == "__main__":
+    main()
