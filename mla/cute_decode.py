@@ -86,6 +86,39 @@ class KvRingProducer:
         return tma_kv_atom, tma_kv, tma_q_atom, tma_q
 
     @cute.jit
+    def _split_tiles(self, m_seq: cute.Tensor, b: Int32, split: Int32, num_splits: Int32):
+        """This CTA's share of request ``b``'s cache: ``(seq_len, start, end, n_tiles)``.
+
+        Splits are whole tiles and follow the request's own length (read on the device), so
+        the launch needs no host sync; a split past the end has no tiles.
+        """
+        seq_len = m_seq[b]
+        per_split = (((seq_len + num_splits - 1) // num_splits + TILE - 1) // TILE) * TILE
+        start = split * per_split
+        end = cutlass.min(start + per_split, seq_len)
+        n_tiles = cutlass.max((end - start + TILE - 1) // TILE, 0)
+        return seq_len, start, end, n_tiles
+
+    @cute.jit
+    def _make_ring(self, storage, consumer_warps: int, warp: Int32, q_bar):
+        """The ring's full/empty mbarriers (``consumer_warps`` releases per stage) and the
+        query block's barrier, initialised before any warp takes its role."""
+        kv_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.kv_full_empty.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+            tx_count=TILE * D_QK * 2,
+            defer_sync=True,
+        )
+        if warp == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_init(q_bar, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        return kv_pipe
+
+    @cute.jit
     def _produce(
         self, tma_kv_atom, tma_kv, tma_q_atom, tma_q, s_kv, s_q, q_bar, kv_pipe, m_bt, b,
         rows_per_req, row0, start, end, n_tiles, page_size,
@@ -259,11 +292,7 @@ class MlaDecodeSm90(KvRingProducer):
 
         rows_per_req = q_len * num_heads
         row0 = rb * self.rows  # first row of this block inside the request
-        seq_len = m_seq[b]
-        per_split = (((seq_len + num_splits - 1) // num_splits + TILE - 1) // TILE) * TILE
-        start = split * per_split
-        end = cutlass.min(start + per_split, seq_len)
-        n_tiles = cutlass.max((end - start + TILE - 1) // TILE, 0)
+        seq_len, start, end, n_tiles = self._split_tiles(m_seq, b, split, num_splits)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -276,19 +305,7 @@ class MlaDecodeSm90(KvRingProducer):
         s_max = storage.row_max.get_tensor(cute.make_layout(self.rows))
         s_sum = storage.row_sum.get_tensor(cute.make_layout(self.rows))
 
-        kv_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.kv_full_empty.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.wgs),
-            tx_count=TILE * D_QK * 2,
-            defer_sync=True,
-        )
-        if warp == 0:
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_init(q_bar, 1)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        kv_pipe = self._make_ring(storage, 4 * self.wgs, warp, q_bar)
 
         if warp >= self.producer_warp:
             if cutlass.const_expr(self.producer_threads > 32):

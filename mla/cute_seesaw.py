@@ -185,11 +185,7 @@ class MlaDecodeSeesawSm90(KvRingProducer):
 
         rows_per_req = q_len * num_heads
         row0 = rb * ROWS  # first row of this block inside the request
-        seq_len = m_seq[b]
-        per_split = (((seq_len + num_splits - 1) // num_splits + TILE - 1) // TILE) * TILE
-        start = split * per_split
-        end = cutlass.min(start + per_split, seq_len)
-        n_tiles = cutlass.max((end - start + TILE - 1) // TILE, 0)
+        seq_len, start, end, n_tiles = self._split_tiles(m_seq, b, split, num_splits)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -201,19 +197,7 @@ class MlaDecodeSeesawSm90(KvRingProducer):
         s_alpha = storage.alpha.get_tensor(cute.make_layout((ROWS, 2)))
         s_sum = storage.row_sum.get_tensor(cute.make_layout((ROWS, 2)))
 
-        kv_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.kv_full_empty.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 8),  # 8 warps
-            tx_count=TILE * D_QK * 2,
-            defer_sync=True,
-        )
-        if warp == 0:
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_init(q_bar, 1)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        kv_pipe = self._make_ring(storage, 8, warp, q_bar)  # 8 consumer warps
 
         if warp >= self.producer_warp:
             cute.arch.warpgroup_reg_dealloc(40)
