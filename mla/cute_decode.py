@@ -169,8 +169,10 @@ class MlaDecodeSm90(KvRingProducer):
         self, rows: int, consumer_wgs: int, page_block: int, stages: int, split: bool,
         write_lse: bool, ablation: str = "",
     ) -> None:  # fmt: skip
-        if rows not in (16, 32, 64) or rows % (8 * consumer_wgs):
-            raise ValueError(f"rows={rows} must be 16/32/64 and split over the warp groups")
+        if rows not in (16, 32, 64) or consumer_wgs not in (1, 2) or rows // consumer_wgs < 16:
+            raise ValueError(
+                f"rows={rows} must be 16/32/64, over 1 or 2 warp groups of 16+ rows each"
+            )
         if page_block not in (8, 16, 32, 64):
             raise ValueError(f"page_block={page_block} must be 8, 16, 32 or 64")
         self.rows = rows

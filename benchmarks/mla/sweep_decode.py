@@ -62,6 +62,7 @@ def variants(heads: int, q_len: int) -> list[tuple[str, Callable[..., Any]]]:
         # the layouts and rings the plan did not pick, to keep its choice honest
         if rows <= 32:
             configs.append(("cute heads", {"layout": "heads"}))
+            configs.append(("cute tokens 2 groups", {"layout": "tokens", "wgs": 2}))
         else:
             configs.append(("cute tokens", {"layout": "tokens"}))
         configs += [
