@@ -46,6 +46,9 @@ D_LATENT = 512
 D_ROPE = 64
 D_QK = D_LATENT + D_ROPE
 _NEG_INF = -math.inf
+# The 64-bit L2 cache-policy operand of an evict-first load (the encoding CUTLASS's
+# TMA::CacheHintSm90::EVICT_FIRST uses).
+_L2_EVICT_FIRST = 0x12F0000000000000
 
 
 def _slot(i: int, cols: int) -> int:
@@ -64,7 +67,9 @@ class KvRingProducer:
     KV tiles, and the producer warp that fills the ring.
 
     A kernel sets ``rows`` (query rows per CTA), ``page_block`` (tokens per TMA box: the page,
-    or 64 for larger pages), ``copies_per_tile`` (``TILE // page_block``) and ``stages``.
+    or 64 for larger pages), ``copies_per_tile`` (``TILE // page_block``), ``stages`` and
+    ``evict_first`` (load KV tiles with the L2 evict-first hint, FlashMLA's choice: each tile
+    is read by the CTAs of one request at about the same time and then never again).
     """
 
     @cute.jit
@@ -154,10 +159,18 @@ class KvRingProducer:
                 if pos < end:
                     page = m_bt[b, pos // page_size]
                     box = (page * page_size + pos % page_size) // self.page_block
-                cute.copy(
-                    tma_kv_atom, t_kvg[(None, box)], t_kvs[(None, c, 0, state.index)],
-                    tma_bar_ptr=kv_pipe.producer_get_barrier(state),
-                )  # fmt: skip
+                if cutlass.const_expr(self.evict_first):
+                    cute.copy(
+                        tma_kv_atom, t_kvg[(None, box)], t_kvs[(None, c, 0, state.index)],
+                        tma_bar_ptr=kv_pipe.producer_get_barrier(state),
+                        # an Int64 carrying an IR value (a Python constant is rejected)
+                        cache_policy=cutlass.Int64(cutlass.Int64(_L2_EVICT_FIRST).ir_value()),
+                    )  # fmt: skip
+                else:
+                    cute.copy(
+                        tma_kv_atom, t_kvg[(None, box)], t_kvs[(None, c, 0, state.index)],
+                        tma_bar_ptr=kv_pipe.producer_get_barrier(state),
+                    )  # fmt: skip
             kv_pipe.producer_commit(state)
             state.advance()
 
@@ -167,7 +180,7 @@ class MlaDecodeSm90(KvRingProducer):
 
     def __init__(
         self, rows: int, consumer_wgs: int, page_block: int, stages: int, split: bool,
-        write_lse: bool, ablation: str = "",
+        write_lse: bool, ablation: str = "", evict_first: bool = False,
     ) -> None:  # fmt: skip
         if rows not in (16, 32, 64) or consumer_wgs not in (1, 2) or rows // consumer_wgs < 16:
             raise ValueError(
@@ -182,6 +195,7 @@ class MlaDecodeSm90(KvRingProducer):
         self.page_block = page_block
         self.copies_per_tile = TILE // page_block
         self.stages = stages
+        self.evict_first = evict_first
         self.split = split
         self.write_lse = write_lse
         # Benchmark-only: "no_scores" / "no_values" leave one product out, "no_mma" both, so
@@ -537,13 +551,15 @@ def _unused_partials(device: Any) -> tuple[Any, Any]:
 def _compiled(key: tuple, args: tuple) -> Any:
     fn = _COMPILED.get(key)
     if fn is None:
-        layout, rows, wgs, page_block, stages, split, write_lse, ablation = key
+        layout, rows, wgs, page_block, stages, evict_first, split, write_lse, ablation = key
         if layout == "heads":
             from .cute_seesaw import MlaDecodeSeesawSm90
 
-            kernel: Any = MlaDecodeSeesawSm90(page_block, split, write_lse, ablation)
+            kernel: Any = MlaDecodeSeesawSm90(page_block, split, write_lse, ablation, evict_first)
         else:
-            kernel = MlaDecodeSm90(rows, wgs, page_block, stages, split, write_lse, ablation)
+            kernel = MlaDecodeSm90(
+                rows, wgs, page_block, stages, split, write_lse, ablation, evict_first
+            )
         fn = _COMPILED[key] = cute.compile(kernel, *args)
     return fn
 
@@ -635,7 +651,8 @@ def mla_decode(
         cuda.CUstream(torch.cuda.current_stream().cuda_stream),
     )  # fmt: skip
     key = (plan["layout"], plan["rows"], plan["wgs"], plan["page_block"], plan["stages"],
-           splits > 1, return_lse, str((config or {}).get("ablation", "")))  # fmt: skip
+           bool(plan["evict_first"]), splits > 1, return_lse,
+           str((config or {}).get("ablation", "")))  # fmt: skip
     _compiled(key, args)(*args)
     if splits > 1:
         _mla_decode_merge_kernel[(rows_total,)](

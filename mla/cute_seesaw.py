@@ -71,7 +71,10 @@ _PAIR = 256  # threads of the two consumer warp groups
 class MlaDecodeSeesawSm90(KvRingProducer):
     """One compiled variant: page copy size, split output or not, LSE or not."""
 
-    def __init__(self, page_block: int, split: bool, write_lse: bool, ablation: str = "") -> None:
+    def __init__(
+        self, page_block: int, split: bool, write_lse: bool, ablation: str = "",
+        evict_first: bool = False,
+    ) -> None:  # fmt: skip
         if page_block not in (8, 16, 32, 64):
             raise ValueError(f"page_block={page_block} must be 8, 16, 32 or 64")
         self.rows = ROWS
@@ -85,6 +88,7 @@ class MlaDecodeSeesawSm90(KvRingProducer):
         if ablation not in ("", "no_scores", "no_values", "no_mma"):
             raise ValueError(f"unknown ablation {ablation!r}")
         self.ablation = ablation
+        self.evict_first = evict_first
         self.producer_warp = 8
         self.threads = 3 * 128  # two consumer warp groups + the producer's warp group
 

@@ -65,6 +65,7 @@ def variants(heads: int, q_len: int) -> list[tuple[str, Callable[..., Any]]]:
             configs.append(("cute tokens 2 groups", {"layout": "tokens", "wgs": 2}))
         else:
             configs.append(("cute tokens", {"layout": "tokens"}))
+        configs += [("cute plain loads", {"evict_first": 0})]  # no L2 evict-first hint
         configs += [
             (f"cute ablation {a}", {"ablation": a}) for a in ("no_values", "no_scores", "no_mma")
         ]

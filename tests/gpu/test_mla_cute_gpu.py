@@ -64,8 +64,14 @@ def _check(out, lse, exp, exp_lse, seq):
     assert torch.all(out[~live] == 0) and torch.all(lse[~live] == float("-inf"))
 
 
-# the two kernels: KV tokens on M, and 64 rows on M with two warp groups taking turns
-LAYOUTS = {"tokens": {"layout": "tokens"}, "heads": {"layout": "heads"}}
+# the two kernels: KV tokens on M, and 64 rows on M with two warp groups taking turns; each
+# also with plain KV loads (no L2 evict-first hint)
+LAYOUTS = {
+    "tokens": {"layout": "tokens"},
+    "heads": {"layout": "heads"},
+    "tokens plain": {"layout": "tokens", "evict_first": 0},
+    "heads plain": {"layout": "heads", "evict_first": 0},
+}
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -83,7 +89,7 @@ def test_flashmla_heads_ragged(heads, q_len, splits, layout):
 @pytest.mark.parametrize("page", [16, 32, 128])
 def test_page_sizes(page, layout):
     lens = [300, 17, 256, 0]
-    heads = 16 if layout == "tokens" else 64
+    heads = 16 if layout.startswith("tokens") else 64
     q, cache, tables, seq = _problem(lens, heads, 1, page, seed=page)
     out, lse = _run(q, cache, tables, seq, num_splits=2, config=LAYOUTS[layout])
     _check(out, lse, *_expected(q, cache, tables, seq), seq)

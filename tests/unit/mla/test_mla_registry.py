@@ -126,6 +126,10 @@ def test_cute_decode_plan_rows_groups_pages_and_workspace():
     assert (plan["layout"], plan["rows"], plan["row_blocks"]) == ("heads", 64, 1)
     with pytest.raises(ValueError, match="layout"):
         configs.cute_decode_plan(8, 1, 32, 4096, 64, config={"layout": "diagonal"})
+    # KV tiles load under the L2 evict-first hint unless a config turns it off
+    assert configs.cute_decode_plan(8, 1, 64, 4096, 64)["evict_first"] == 1
+    plain = configs.cute_decode_plan(8, 1, 64, 4096, 64, config={"evict_first": 0})
+    assert plain["evict_first"] == 0
 
 
 def test_cute_decode_needs_hopper_and_cute_dsl():
