@@ -90,6 +90,13 @@ class KvRingProducer:
         )
         return tma_kv_atom, tma_kv, tma_q_atom, tma_q
 
+    def _kv_load_hint(self) -> dict[str, Any]:
+        """The KV copies' extra TMA arguments: the evict-first L2 policy, or none. (The
+        operand must be an Int64 carrying an IR value; a Python constant is rejected.)"""
+        if not self.evict_first:
+            return {}
+        return {"cache_policy": cutlass.Int64(cutlass.Int64(_L2_EVICT_FIRST).ir_value())}
+
     @cute.jit
     def _split_tiles(self, m_seq: cute.Tensor, b: Int32, split: Int32, num_splits: Int32):
         """This CTA's share of request ``b``'s cache: ``(seq_len, start, end, n_tiles)``.
@@ -159,18 +166,10 @@ class KvRingProducer:
                 if pos < end:
                     page = m_bt[b, pos // page_size]
                     box = (page * page_size + pos % page_size) // self.page_block
-                if cutlass.const_expr(self.evict_first):
-                    cute.copy(
-                        tma_kv_atom, t_kvg[(None, box)], t_kvs[(None, c, 0, state.index)],
-                        tma_bar_ptr=kv_pipe.producer_get_barrier(state),
-                        # an Int64 carrying an IR value (a Python constant is rejected)
-                        cache_policy=cutlass.Int64(cutlass.Int64(_L2_EVICT_FIRST).ir_value()),
-                    )  # fmt: skip
-                else:
-                    cute.copy(
-                        tma_kv_atom, t_kvg[(None, box)], t_kvs[(None, c, 0, state.index)],
-                        tma_bar_ptr=kv_pipe.producer_get_barrier(state),
-                    )  # fmt: skip
+                cute.copy(
+                    tma_kv_atom, t_kvg[(None, box)], t_kvs[(None, c, 0, state.index)],
+                    tma_bar_ptr=kv_pipe.producer_get_barrier(state), **self._kv_load_hint(),
+                )  # fmt: skip
             kv_pipe.producer_commit(state)
             state.advance()
 
