@@ -44,8 +44,11 @@ def _inputs(heads: int, q_len: int, seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def variants(heads: int, q_len: int) -> list[tuple[str, Callable[..., Any]]]:
-    """(name, call(q, cache, tables, seq, out)) for every variant worth timing at a shape."""
+def variants(
+    heads: int, q_len: int, only: set[str] | None = None
+) -> list[tuple[str, Callable[..., Any]]]:
+    """(name, call(q, cache, tables, seq, out)) for every variant worth timing at a shape
+    (those named in ``only``, when given; the first one is the others' reference)."""
     from tokenspeed.mla import mla_decode, triton_decode
 
     out: list[tuple[str, Callable[..., Any]]] = [
@@ -75,7 +78,7 @@ def variants(heads: int, q_len: int) -> list[tuple[str, Callable[..., Any]]]:
                 lambda q, c, t, s, o, cfg=cfg: cute_decode.mla_decode(
                     q, c, t, s, SCALE, out=o, max_seq_len=KV_LEN, config=cfg),
             ))  # fmt: skip
-    return out
+    return [v for v in out if only is None or v[0] in only]
 
 
 def _metrics(heads: int, q_len: int, us: float, bounds: dict[str, float]) -> dict[str, float]:
@@ -93,7 +96,9 @@ def _metrics(heads: int, q_len: int, us: float, bounds: dict[str, float]) -> dic
     }
 
 
-def sweep_shape(heads: int, q_len: int, bounds: dict[str, float], replays: int) -> list[dict]:
+def sweep_shape(
+    heads: int, q_len: int, bounds: dict[str, float], replays: int, only: set[str] | None = None
+) -> list[dict]:
     """Check and time every variant at one shape."""
     from tokenspeed.kernels.timing import time_gpu
 
@@ -101,7 +106,7 @@ def sweep_shape(heads: int, q_len: int, bounds: dict[str, float], replays: int) 
     args = (inp["q"], inp["cache"], inp["tables"], inp["seq"])
     rows: list[dict] = []
     ref = None
-    for name, call in variants(heads, q_len):
+    for name, call in variants(heads, q_len, only):
         row: dict[str, Any] = {"heads": heads, "q_len": q_len, "variant": name}
         try:
             o = torch.full((BATCH, q_len, heads, RANK), float("nan"), dtype=torch.bfloat16,
@@ -137,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", default="16,32,64,128")
     parser.add_argument("--q-lens", default="1")
     parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated variant names to time (default: all)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -149,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict] = []
     for q_len in (int(x) for x in args.q_lens.split(",")):
         for heads in (int(x) for x in args.heads.split(",")):
-            results += sweep_shape(heads, q_len, bounds, args.replays)
+            only = set(args.variants.split(",")) if args.variants else None
+            results += sweep_shape(heads, q_len, bounds, args.replays, only)
             torch.cuda.empty_cache()
     print(f"\n{'shape':<10} {'variant':<36} {'us':>8} {'% copy':>7} {'TFLOP/s':>8} {'% mm':>6}")
     for r in results:
