@@ -115,8 +115,18 @@ _PAGE_FOR_CUTE = TraitRule(
 )
 
 
+_CUTE_SM90 = Capability(
+    devices=("cuda",),
+    vendors=("nvidia",),
+    min_compute=(9, 0),
+    max_compute=(9, 0),
+    requires=("cutlass", "triton"),
+)
+
+
 def _register_cute_decode() -> None:
-    """The CuTe DSL SM90 decode (TMA + wgmma), where ``nvidia-cutlass-dsl`` is installed.
+    """The CuTe DSL SM90 decodes (TMA + wgmma; bf16, and FP8 up to 32 rows per request),
+    where ``nvidia-cutlass-dsl`` is installed.
 
     It merges its split-KV partials with the Triton merge kernel, so it needs Triton too.
     """
@@ -126,13 +136,7 @@ def _register_cute_decode() -> None:
         name="cute_mla_decode_sm90",
         solution="cute",
         impl=f"{_PKG}.cute_decode:mla_decode",
-        capability=Capability(
-            devices=("cuda",),
-            vendors=("nvidia",),
-            min_compute=(9, 0),
-            max_compute=(9, 0),
-            requires=("cutlass", "triton"),
-        ),
+        capability=_CUTE_SM90,
         signatures=[{"q": ("bfloat16",), "kv_cache": ("bfloat16",)}],
         traits={
             "kv_lora_rank": one_of(512),
@@ -144,6 +148,25 @@ def _register_cute_decode() -> None:
         tags=("deterministic",),
         description="CuTe DSL SM90 MLA decode: TMA ring, wgmma with KV tokens on M (up to "
         "32 rows per request) or 64 rows on M in two alternating warp groups (64+)",
+    )
+    register_kernel(
+        "mla",
+        "decode",
+        name="cute_mla_decode_fp8_sm90",
+        solution="cute",
+        impl=f"{_PKG}.cute_decode:mla_decode",
+        capability=_CUTE_SM90,
+        signatures=[{"q": ("bfloat16",), "kv_cache": FP8}],
+        traits={
+            "kv_lora_rank": one_of(512),
+            "head_dim": one_of(576),
+            "rows": between(1, 32),
+            "page_size": _PAGE_FOR_CUTE,
+        },
+        priority=Priority.SPECIALIZED,
+        tags=("deterministic",),
+        description="CuTe DSL SM90 MLA decode over an FP8 cache (up to 32 rows per request): "
+        "bulk-copied e4m3 tiles, a converter warp group dequantising them to bf16, wgmma",
     )
 
 

@@ -208,7 +208,7 @@ CUTE_TILE = 64  # KV tokens per tile of the CuTe decode
 
 def cute_decode_plan(
     batch: int, q_len: int, heads: int, kv_len: int, page_size: int, *,
-    num_splits: int | None = None, config: dict[str, int] | None = None,
+    num_splits: int | None = None, config: dict[str, int] | None = None, fp8: bool = False,
 ) -> dict[str, int]:  # fmt: skip
     """Launch of the CuTe SM90 decode, from shapes only.
 
@@ -220,9 +220,20 @@ def cute_decode_plan(
     layout is (H200, 2026-12-01: docs/mla.md). A page of 64+ tokens must hold whole 64-token
     tiles; one CTA fills an SM (the ring of 72 KiB tiles takes most of its shared memory),
     which sizes the split count.
+
+    An FP8 cache (``fp8``, ``cute_decode_fp8.py``) takes the tokens layout at up to 32 rows:
+    ``stages`` bf16 tiles fed by ``fp8_stages`` FP8 slots, converted by ``converter_wgs``
+    warp groups. Default 2 + 1 with two converter groups: the fastest of five such rings on
+    the H200 (2026-12-02, docs/mla.md), e.g. 139-145 us at 16 heads against 184-199 us for
+    one converter group and 157-160 us for one bf16 tile fed by two or three FP8 slots.
     """
     cfg = dict(config or {})
     rows_per_req = q_len * heads
+    if fp8:
+        if rows_per_req > 32 or cfg.get("layout", "tokens") != "tokens":
+            raise ValueError(f"the FP8 CuTe decode takes up to 32 rows per request, not "
+                             f"{rows_per_req} ({heads} heads x {q_len} query tokens)")  # fmt: skip
+        cfg = {"stages": 2, "fp8_stages": 1, "converter_wgs": 2, "wgs": 1, **cfg}
     layout = str(cfg.get("layout", "tokens" if rows_per_req <= 32 else "heads"))
     if layout not in ("tokens", "heads"):
         raise ValueError(f"layout={layout!r}: expected 'tokens' or 'heads'")
@@ -241,16 +252,26 @@ def cute_decode_plan(
     if not splits:  # one CTA per SM: the ring of 72 KiB tiles takes most of shared memory
         splits = decode_num_splits(batch, row_blocks, kv_len, block_h=64)
     splits = max(1, min(int(splits), max(1, -(-kv_len // CUTE_TILE))))
+    stages = int(cfg.get("stages", 2))
+    fp8_stages = int(cfg["fp8_stages"]) if fp8 else 0
+    if fp8:  # query + bf16 tiles + p + FP8 slots must fit the SM's 227 KiB of shared memory
+        need = rows * 576 * 2 + stages * CUTE_TILE * 576 * 2 + CUTE_TILE * rows * 2
+        need += fp8_stages * CUTE_TILE * 576
+        if stages < 1 or fp8_stages < 1 or need > 224 * 1024:
+            raise ValueError(f"FP8 decode: {stages} bf16 tiles + {fp8_stages} FP8 slots at "
+                             f"{rows} rows need {need} bytes of shared memory")  # fmt: skip
     return {
         "layout": layout,
         "rows": rows,
         "wgs": wgs,
         "row_blocks": row_blocks,
         "page_block": page_block,
-        "stages": int(cfg.get("stages", 2)),
+        "stages": stages,
         # KV tiles loaded with the L2 evict-first hint (cute_decode.KvRingProducer): 0.3-2.5 %
         # faster at 11 of 12 shapes over two H200 runs (docs/mla.md); 0 turns it off
         "evict_first": int(cfg.get("evict_first", 1)),
+        "fp8_stages": fp8_stages,
+        "converter_wgs": int(cfg["converter_wgs"]) if fp8 else 0,
         "num_splits": splits,
         "workspace_bytes": batch * rows_per_req * splits * (512 + 1) * 4 if splits > 1 else 0,
     }

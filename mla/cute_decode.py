@@ -22,7 +22,8 @@ there is one split, otherwise fp32 partials and base-2 LSEs in the layout the Tr
 kernel reads.
 
 Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; ``tokenspeed.mla.catalog`` registers it as
-a SPECIALIZED candidate only when both are present. bf16 query and cache only.
+a SPECIALIZED candidate only when both are present. bf16 query and cache (an FP8 cache goes
+through ``cute_decode_fp8.py``, which feeds this consumer from a conversion pipeline).
 """
 
 from __future__ import annotations
@@ -84,11 +85,16 @@ class KvRingProducer:
         tma_kv_atom, tma_kv = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), m_kv, box_layout, (self.page_block, D_QK)
         )
+        tma_q_atom, tma_q = self._make_q_tma(m_q, q_layout)
+        return tma_kv_atom, tma_kv, tma_q_atom, tma_q
+
+    @cute.jit
+    def _make_q_tma(self, m_q: cute.Tensor, q_layout):
+        """The TMA atom of the ``rows`` x 576 query block."""
         q_one = cute.slice_(q_layout, (None, None, 0))
-        tma_q_atom, tma_q = cpasync.make_tiled_tma_atom(
+        return cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), m_q, q_one, (self.rows, D_QK)
         )
-        return tma_kv_atom, tma_kv, tma_q_atom, tma_q
 
     def _kv_load_hint(self) -> dict[str, Any]:
         """The KV copies' extra TMA arguments: the evict-first L2 policy, or none. (The
@@ -131,11 +137,8 @@ class KvRingProducer:
         return kv_pipe
 
     @cute.jit
-    def _produce(
-        self, tma_kv_atom, tma_kv, tma_q_atom, tma_q, s_kv, s_q, q_bar, kv_pipe, m_bt, b,
-        rows_per_req, row0, start, end, n_tiles, page_size,
-    ):  # fmt: skip
-        """The producer warp: the query block once, then every KV tile of the split."""
+    def _load_query(self, tma_q_atom, tma_q, s_q, q_bar, b, rows_per_req, row0):
+        """One TMA copy of this CTA's ``rows`` x 576 query block, completing ``q_bar``."""
         g_q = cute.local_tile(
             cute.domain_offset((b * rows_per_req + row0, 0), tma_q), (self.rows, D_QK), (0, 0)
         )
@@ -147,6 +150,13 @@ class KvRingProducer:
             cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.rows * D_QK * 2)
         cute.copy(tma_q_atom, t_qg, t_qs[(None, 0)], tma_bar_ptr=q_bar)
 
+    @cute.jit
+    def _produce(
+        self, tma_kv_atom, tma_kv, tma_q_atom, tma_q, s_kv, s_q, q_bar, kv_pipe, m_bt, b,
+        rows_per_req, row0, start, end, n_tiles, page_size,
+    ):  # fmt: skip
+        """The producer warp: the query block once, then every KV tile of the split."""
+        self._load_query(tma_q_atom, tma_q, s_q, q_bar, b, rows_per_req, row0)
         # (box, copies per tile, stages) view of the ring; (box, box index) view of the cache.
         s_boxes = cute.flat_divide(s_kv, (self.page_block, D_QK))
         g_boxes = cute.local_tile(tma_kv, (self.page_block, D_QK), (None, 0))
@@ -550,11 +560,18 @@ def _unused_partials(device: Any) -> tuple[Any, Any]:
 def _compiled(key: tuple, args: tuple) -> Any:
     fn = _COMPILED.get(key)
     if fn is None:
-        layout, rows, wgs, page_block, stages, evict_first, split, write_lse, ablation = key
-        if layout == "heads":
+        fp8, layout, rows, wgs, page_block, stages, evict_first, split, write_lse, ablation = key
+        if fp8:
+            from .cute_decode_fp8 import MlaDecodeFp8Sm90
+
+            fp8_stages, per_token, converters = fp8
+            kernel: Any = MlaDecodeFp8Sm90(
+                rows, page_block, stages, fp8_stages, split, write_lse, per_token, converters
+            )
+        elif layout == "heads":
             from .cute_seesaw import MlaDecodeSeesawSm90
 
-            kernel: Any = MlaDecodeSeesawSm90(page_block, split, write_lse, ablation, evict_first)
+            kernel = MlaDecodeSeesawSm90(page_block, split, write_lse, ablation, evict_first)
         else:
             kernel = MlaDecodeSm90(
                 rows, wgs, page_block, stages, split, write_lse, ablation, evict_first
@@ -595,8 +612,10 @@ def mla_decode(
     max_seq_len: int | None = None,
     config: dict[str, int] | None = None,
 ) -> Any:
-    """CuTe DSL SM90 MLA decode; the contract is ``tokenspeed.mla.mla_decode``'s (bf16 only).
+    """CuTe DSL SM90 MLA decode; the contract is ``tokenspeed.mla.mla_decode``'s.
 
+    A bf16 query over a bf16 cache, or over an FP8 (e4m3) cache with ``kv_scale`` (one
+    element, or one per token) at up to 32 rows (query tokens x heads) per request.
     ``fold_sq_factor`` is accepted for the common signature: rows of all query tokens are
     already laid out on one axis here, so every fold gives the same launch.
     """
@@ -604,15 +623,18 @@ def mla_decode(
 
     from .triton_decode import _mla_decode_merge_kernel
 
-    if kv_scale is not None or kv_lora_rank != D_LATENT or query.shape[-1] != D_QK:
-        raise ValueError("the CuTe MLA decode takes a bf16 576-dim latent cache only")
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    if kv_lora_rank != D_LATENT or query.shape[-1] != D_QK or query.dtype != torch.bfloat16:
+        raise ValueError("the CuTe MLA decode takes a bf16 query over a 576-dim latent cache")
+    if fp8 != (kv_scale is not None) or not (fp8 or kv_cache.dtype == torch.bfloat16):
+        raise ValueError("the CuTe MLA decode takes a bf16 cache, or an FP8 one with kv_scale")
     batch, q_len, heads, _ = query.shape
     cache = kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], D_QK)
     page_size = cache.shape[1]
     capacity = block_tables.shape[1] * page_size
     kv_len = min(max_seq_len, capacity) if max_seq_len else capacity
     plan = cute_decode_plan(batch, q_len, heads, kv_len, page_size, num_splits=num_splits,
-                            config=config)  # fmt: skip
+                            config=config, fp8=fp8)  # fmt: skip
     if out is None:
         out = torch.empty(batch, q_len, heads, D_LATENT, dtype=query.dtype, device=query.device)
     elif not out.is_contiguous():
@@ -626,7 +648,12 @@ def mla_decode(
     q2d = query.contiguous().view(batch * q_len * heads, D_QK)
     if q2d.shape[0] < plan["rows"]:  # the query TMA box must not be taller than the tensor
         q2d = torch.cat([q2d, q2d.new_zeros(plan["rows"] - q2d.shape[0], D_QK)])
-    kv2d = cache.view(cache.shape[0] * page_size, D_QK)
+    if fp8:  # the loader copies bytes; the converter reads them as e4m3
+        kv_arg = _cute_tensor(cache.view(torch.uint8).view(-1))
+        scale_arg = (_cute_tensor(kv_scale.reshape(-1).to(torch.float32), 4),)
+    else:
+        kv_arg = _cute_tensor(cache.view(cache.shape[0] * page_size, D_QK))
+        scale_arg = ()
     out2d = out.view(batch * q_len * heads, D_LATENT)
     splits = plan["num_splits"]
     rows_total = batch * q_len * heads
@@ -642,14 +669,15 @@ def mla_decode(
     else:  # this variant never touches the partials: any fp32 tensors of the right rank
         part_o, part_lse = _unused_partials(query.device)
     args = (
-        _cute_tensor(q2d), _cute_tensor(kv2d), _cute_tensor(block_tables, 4, all_dynamic=True),
+        _cute_tensor(q2d), kv_arg, *scale_arg, _cute_tensor(block_tables, 4, all_dynamic=True),
         _cute_tensor(seq_lens, 4), _cute_tensor(out2d), _cute_tensor(lse.view(-1), 4),
         _cute_tensor(part_o), _cute_tensor(part_lse, 4),
         Float32(softmax_scale * math.log2(math.e)), Int32(q_len), Int32(heads), Int32(splits),
         Int32(page_size), Int32(batch), Int32(plan["row_blocks"]),
         cuda.CUstream(torch.cuda.current_stream().cuda_stream),
     )  # fmt: skip
-    key = (plan["layout"], plan["rows"], plan["wgs"], plan["page_block"], plan["stages"],
+    fp8_key = (plan["fp8_stages"], kv_scale.numel() != 1, plan["converter_wgs"]) if fp8 else None
+    key = (fp8_key, plan["layout"], plan["rows"], plan["wgs"], plan["page_block"], plan["stages"],
            bool(plan["evict_first"]), splits > 1, return_lse,
            str((config or {}).get("ablation", "")))  # fmt: skip
     _compiled(key, args)(*args)

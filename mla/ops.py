@@ -48,6 +48,7 @@ def _decode_call(
             "kv_lora_rank": kv_lora_rank,
             "num_heads": heads,
             "q_len": q_len,
+            "rows": heads * q_len,  # query rows per request (query tokens x heads)
             "page_size": page_size,
             "batch": bucket(batch),
             "kv_len": bucket(kv_len),
@@ -88,7 +89,13 @@ def mla_decode_plan(
         capacity = block_tables.shape[1] * kv_cache.shape[1]
         kv_len = min(max_seq_len, capacity) if max_seq_len else capacity
         cute = cute_decode_plan(
-            batch, q_len, heads, kv_len, kv_cache.shape[1], num_splits=num_splits
+            batch,
+            q_len,
+            heads,
+            kv_len,
+            kv_cache.shape[1],
+            num_splits=num_splits,
+            fp8=kv_cache.dtype == torch.float8_e4m3fn,
         )
         return DecodePlan(sel.name, cute["num_splits"], 1, cute["rows"], cute["workspace_bytes"])
     if sel.kernel.solution != "triton":

@@ -30,34 +30,58 @@ BATCH, KV_LEN, PAGE, RANK, ROPE = 128, 4096, 64, 512, 64
 SCALE = 1 / math.sqrt(192)
 
 
-def _inputs(heads: int, q_len: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def _inputs(heads: int, q_len: int, seed: int = 0, fp8: str = "") -> dict[str, Any]:
+    """bf16 cache, or (``fp8`` "tensor" / "token") e4m3 with one scale or one per token."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     pages_per = KV_LEN // PAGE
     perm = torch.randperm(BATCH * pages_per, generator=gen, device="cuda").to(torch.int32)
     cache = torch.randn(BATCH * pages_per, PAGE, RANK + ROPE, generator=gen, device="cuda")
     q = torch.randn(BATCH, q_len, heads, RANK + ROPE, generator=gen, device="cuda")
+    cache, scale = cache.mul_(0.5).bfloat16(), None
+    if fp8 == "tensor":
+        scale = torch.tensor([0.5 * 4.5 / 448], device="cuda")
+        cache = (cache.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    elif fp8 == "token":
+        scale = cache.float().abs().amax(-1) / 448
+        cache = (cache.float() / scale[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
     return {
         "q": q.bfloat16(),
-        "cache": cache.mul_(0.5).bfloat16(),
+        "cache": cache,
+        "scale": scale,
         "tables": perm.view(BATCH, pages_per),
         "seq": torch.full((BATCH,), KV_LEN, dtype=torch.int32, device="cuda"),
     }
 
 
 def variants(
-    heads: int, q_len: int, only: set[str] | None = None
+    heads: int, q_len: int, only: set[str] | None = None, fp8: bool = False
 ) -> list[tuple[str, Callable[..., Any]]]:
-    """(name, call(q, cache, tables, seq, out)) for every variant worth timing at a shape
-    (those named in ``only``, when given; the first one is the others' reference)."""
+    """(name, call(q, cache, scale, tables, seq, out)) for every variant worth timing at a
+    shape (those named in ``only``, when given; the first one is the others' reference)."""
     from tokenspeed.mla import mla_decode, triton_decode
 
     out: list[tuple[str, Callable[..., Any]]] = [
-        ("triton default", lambda q, c, t, s, o: triton_decode.mla_decode(
-            q, c, t, s, SCALE, out=o, max_seq_len=KV_LEN)),
-        ("registry", lambda q, c, t, s, o: mla_decode(q, c, t, s, SCALE, out=o,
-                                                      max_seq_len=KV_LEN)),
+        ("triton default", lambda q, c, k, t, s, o: triton_decode.mla_decode(
+            q, c, t, s, SCALE, out=o, kv_scale=k, max_seq_len=KV_LEN)),
+        ("registry", lambda q, c, k, t, s, o: mla_decode(q, c, t, s, SCALE, out=o,
+                                                         kv_scale=k, max_seq_len=KV_LEN)),
     ]  # fmt: skip
-    if importlib.util.find_spec("cutlass") is not None:
+    if importlib.util.find_spec("cutlass") is not None and fp8:
+        from tokenspeed.mla import cute_decode
+
+        # bf16 tiles + FP8 slots of the converter pipeline (cute_decode_fp8.py); "x2": two
+        # converter warp groups
+        rings = {"1+3": {"stages": 1, "fp8_stages": 3}, "2+1": {"stages": 2, "fp8_stages": 1},
+                 "1+3 x2": {"stages": 1, "fp8_stages": 3, "converter_wgs": 2},
+                 "2+1 x2": {"stages": 2, "fp8_stages": 1, "converter_wgs": 2},
+                 "1+2 x2": {"stages": 1, "fp8_stages": 2, "converter_wgs": 2}}  # fmt: skip
+        for ring, cfg in rings.items():
+            out.append((
+                f"cute fp8 ring {ring}",
+                lambda q, c, k, t, s, o, cfg=cfg: cute_decode.mla_decode(
+                    q, c, t, s, SCALE, out=o, kv_scale=k, max_seq_len=KV_LEN, config=cfg),
+            ))  # fmt: skip
+    elif importlib.util.find_spec("cutlass") is not None:
         from tokenspeed.mla import cute_decode
 
         rows = heads * q_len
@@ -75,14 +99,18 @@ def variants(
         for name, cfg in configs:
             out.append((
                 name,
-                lambda q, c, t, s, o, cfg=cfg: cute_decode.mla_decode(
+                lambda q, c, k, t, s, o, cfg=cfg: cute_decode.mla_decode(
                     q, c, t, s, SCALE, out=o, max_seq_len=KV_LEN, config=cfg),
             ))  # fmt: skip
     return [v for v in out if only is None or v[0] in only]
 
 
-def _metrics(heads: int, q_len: int, us: float, bounds: dict[str, float]) -> dict[str, float]:
-    kv_bytes = BATCH * KV_LEN * (RANK + ROPE) * 2
+def _metrics(
+    heads: int, q_len: int, us: float, bounds: dict[str, float], fp8: str = ""
+) -> dict[str, float]:
+    """Bytes as in ``tokenspeed.mla.bench`` (an FP8 cache: one byte per value, plus the
+    per-token scales when there are any)."""
+    kv_bytes = BATCH * KV_LEN * ((RANK + ROPE) * (1 if fp8 else 2) + (4 if fp8 == "token" else 0))
     io_bytes = BATCH * heads * q_len * (RANK + ROPE + RANK) * 2
     flops = 2.0 * BATCH * heads * q_len * KV_LEN * (RANK + ROPE + RANK)
     gbps = (kv_bytes + io_bytes) / (us * 1e-6) / 1e9
@@ -97,17 +125,19 @@ def _metrics(heads: int, q_len: int, us: float, bounds: dict[str, float]) -> dic
 
 
 def sweep_shape(
-    heads: int, q_len: int, bounds: dict[str, float], replays: int, only: set[str] | None = None
-) -> list[dict]:
+    heads: int, q_len: int, bounds: dict[str, float], replays: int, only: set[str] | None = None,
+    fp8: str = "",
+) -> list[dict]:  # fmt: skip
     """Check and time every variant at one shape."""
     from tokenspeed.kernels.timing import time_gpu
 
-    inp = _inputs(heads, q_len)
-    args = (inp["q"], inp["cache"], inp["tables"], inp["seq"])
+    inp = _inputs(heads, q_len, fp8=fp8)
+    args = (inp["q"], inp["cache"], inp["scale"], inp["tables"], inp["seq"])
     rows: list[dict] = []
     ref = None
-    for name, call in variants(heads, q_len, only):
-        row: dict[str, Any] = {"heads": heads, "q_len": q_len, "variant": name}
+    for name, call in variants(heads, q_len, only, fp8=bool(fp8)):
+        row: dict[str, Any] = {"heads": heads, "q_len": q_len, "variant": name,
+                               "cache": f"fp8 per {fp8}" if fp8 else "bf16"}  # fmt: skip
         try:
             o = torch.full((BATCH, q_len, heads, RANK), float("nan"), dtype=torch.bfloat16,
                            device="cuda")  # fmt: skip
@@ -126,7 +156,7 @@ def sweep_shape(
             if "error" not in row:
                 timing = time_gpu(lambda _, call=call, o=o: call(*args, o), [None],
                                   replays=replays)  # fmt: skip
-                row.update(_metrics(heads, q_len, timing.median_us, bounds))
+                row.update(_metrics(heads, q_len, timing.median_us, bounds, fp8))
         except Exception as err:  # one broken variant must not lose the others
             row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
             row["traceback"] = traceback.format_exc()[-2000:]
@@ -142,8 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", default="16,32,64,128")
     parser.add_argument("--q-lens", default="1")
     parser.add_argument("--replays", type=int, default=20)
-    parser.add_argument("--variants", default=None,
-                        help="comma-separated variant names to time (default: all)")
+    parser.add_argument(
+        "--fp8",
+        choices=("tensor", "token"),
+        default="",
+        help="an FP8 cache with one scale per tensor or per token",
+    )
+    parser.add_argument(
+        "--variants", default=None, help="comma-separated variant names to time (default: all)"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -157,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     for q_len in (int(x) for x in args.q_lens.split(",")):
         for heads in (int(x) for x in args.heads.split(",")):
             only = set(args.variants.split(",")) if args.variants else None
-            results += sweep_shape(heads, q_len, bounds, args.replays, only)
+            results += sweep_shape(heads, q_len, bounds, args.replays, only, args.fp8)
             torch.cuda.empty_cache()
     print(f"\n{'shape':<10} {'variant':<36} {'us':>8} {'% copy':>7} {'TFLOP/s':>8} {'% mm':>6}")
     for r in results:

@@ -160,3 +160,68 @@ def test_one_request_smaller_than_a_row_block(layout, heads):
     q, cache, tables, seq = _problem([700], heads, 1, 64, seed=heads)
     out, lse = _run(q, cache, tables, seq, num_splits=1, config={"layout": layout})
     _check(out, lse, *_expected(q, cache, tables, seq), seq)
+
+
+# -- FP8 cache (cute_decode_fp8.py): the loader / converter / consumer pipeline ----------------
+
+
+def _fp8(cache, per_token: bool):
+    """The e4m3 cache and its scale: one per tensor, or one per token slot ``[P, S]``."""
+    from tokenspeed.mla import reference
+
+    flat = cache.float().view(-1, 576)
+    if per_token:
+        q8, scale = reference.mla_kv_pack_quantize_fp8(flat[:, :512], flat[:, 512:])
+        return q8.view(cache.shape), scale.view(cache.shape[:2]).float().contiguous()
+    scale = (flat.abs().amax() / 448.0).reshape(1)
+    q8, _ = reference.mla_kv_pack_quantize_fp8(flat[:, :512], flat[:, 512:], scale=scale)
+    return q8.view(cache.shape), scale.float()
+
+
+def _expected_fp8(q, cache8, scale, tables, seq):
+    from tokenspeed.mla import reference
+
+    return reference.mla_decode(q.float(), cache8, tables, seq, SCALE, return_lse=True,
+                                kv_scale=scale)  # fmt: skip
+
+
+FP8_CONFIGS = {
+    "ring 1+3": {"stages": 1, "fp8_stages": 3},
+    "ring 2+1": {"stages": 2, "fp8_stages": 1},
+    "ring 2+1, two converter groups": {"stages": 2, "fp8_stages": 1, "converter_wgs": 2},
+}
+
+
+@pytest.mark.parametrize("config", list(FP8_CONFIGS))
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("heads,q_len", [(16, 1), (16, 2), (32, 1), (8, 3)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_fp8_cache_ragged(heads, q_len, splits, per_token, config):
+    lens = [1000, 64, q_len, 777, 0, q_len + 63]
+    q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads + q_len + splits)
+    cache8, scale = _fp8(cache, per_token)
+    out, lse = _run(q, cache8, tables, seq, num_splits=splits, kv_scale=scale,
+                    config=FP8_CONFIGS[config])  # fmt: skip
+    _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
+
+
+@pytest.mark.parametrize("page", [16, 32, 128])
+def test_fp8_cache_page_sizes(page):
+    lens = [300, 17, 256, 0]
+    q, cache, tables, seq = _problem(lens, 16, 1, page, seed=page)
+    cache8, scale = _fp8(cache, True)
+    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale)
+    _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
+
+
+def test_fp8_registry_picks_it_up_to_32_rows():
+    import tokenspeed.mla as M
+
+    q, cache, tables, seq = _problem([2000, 1500], 16, 1, 64, seed=13)
+    cache8, scale = _fp8(cache, False)
+    assert M.mla_decode_plan(q, cache8, tables).kernel == "cute_mla_decode_fp8_sm90"
+    out = M.mla_decode(q, cache8, tables, seq, SCALE, kv_scale=scale)
+    exp, _ = _expected_fp8(q, cache8, scale, tables, seq)
+    torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
+    q64, *_ = _problem([2000, 1500], 64, 1, 64, seed=13)
+    assert M.mla_decode_plan(q64, cache8, tables).kernel != "cute_mla_decode_fp8_sm90"

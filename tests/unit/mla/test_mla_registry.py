@@ -38,7 +38,13 @@ def test_selection_on_gpus():
     cute = importlib.util.find_spec("cutlass") is not None
     want = "cute_mla_decode_sm90" if cute else "triton_mla_decode"
     assert explain_selection("mla", "decode", bf16, device=H200).chosen == want
-    assert explain_selection("mla", "decode", fp8, device=H200).chosen == "triton_mla_decode_fp8"
+    # FP8 on Hopper: the CuTe converter pipeline up to 32 rows per request, else Triton
+    small, big = {"rows": 16, "page_size": 64}, {"rows": 64, "page_size": 64}
+    want_fp8 = "cute_mla_decode_fp8_sm90" if cute else "triton_mla_decode_fp8"
+    chosen = explain_selection("mla", "decode", fp8, traits=small, device=H200).chosen
+    assert chosen == want_fp8
+    chosen = explain_selection("mla", "decode", fp8, traits=big, device=H200).chosen
+    assert chosen == "triton_mla_decode_fp8"
     # Triton has no e4m3 before compute capability 8.9: the reference serves FP8 on an A100.
     explained = explain_selection("mla", "decode", fp8, device=A100)
     assert explained.chosen == "torch_mla_decode"
@@ -130,6 +136,23 @@ def test_cute_decode_plan_rows_groups_pages_and_workspace():
     assert configs.cute_decode_plan(8, 1, 64, 4096, 64)["evict_first"] == 1
     plain = configs.cute_decode_plan(8, 1, 64, 4096, 64, config={"evict_first": 0})
     assert plain["evict_first"] == 0
+
+
+def test_cute_fp8_decode_plan_rings_and_limits():
+    plan = configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True)
+    assert (plan["layout"], plan["rows"], plan["wgs"]) == ("tokens", 32, 1)
+    assert (plan["stages"], plan["fp8_stages"], plan["converter_wgs"]) == (2, 1, 2)
+    deep = configs.cute_decode_plan(8, 1, 16, 4096, 16, fp8=True,
+                                    config={"stages": 1, "fp8_stages": 3})  # fmt: skip
+    assert (deep["stages"], deep["fp8_stages"], deep["page_block"]) == (1, 3, 16)
+    with pytest.raises(ValueError, match="shared memory"):  # 2 x 72 + 3 x 36 KiB + query
+        configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True,
+                                 config={"stages": 2, "fp8_stages": 3})  # fmt: skip
+    with pytest.raises(ValueError, match="up to 32 rows"):
+        configs.cute_decode_plan(8, 2, 32, 4096, 64, fp8=True)
+    with pytest.raises(ValueError, match="up to 32 rows"):
+        configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True, config={"layout": "heads"})
+    assert configs.cute_decode_plan(8, 1, 16, 4096, 64)["fp8_stages"] == 0  # bf16: none
 
 
 def test_cute_decode_needs_hopper_and_cute_dsl():

@@ -1,0 +1,338 @@
+"""Absorbed-MLA decode over an FP8 (e4m3) latent cache for Hopper (SM90), in CuTe DSL.
+
+The bf16 kernel of ``cute_decode.py`` (KV tokens on the MMA M axis, 16 or 32 query rows per
+CTA) with one more stage in front of it. wgmma multiplies bf16 by bf16, so the FP8 tile has
+to become bf16 in shared memory before either product can read it; doing that in the warp
+group that runs the products would put the conversion on its critical path, so a third role
+does it:
+
+* a loader warp copies each 64-token FP8 tile (36 KiB: half a bf16 tile) with bulk copies,
+  one per page block (a page's tokens are contiguous rows of 576 bytes), into a ring of
+  ``fp8_stages`` slots;
+* a converter warp group turns a slot into a bf16 tile of the MMA ring (dequantised: times
+  the token's scale, or the tensor's), zeroing tokens past the split's end, and releases the
+  slot at once, so the loads run ``fp8_stages`` tiles ahead of the conversion;
+* the consumer warp group is ``MlaDecodeSm90``'s, unchanged: scores, online softmax and the
+  product with V over the bf16 tile.
+
+Shared memory (32 rows): query 36 KiB + ``stages`` bf16 tiles of 72 KiB + P 4 KiB +
+``fp8_stages`` FP8 slots of 36 KiB: one bf16 tile and three FP8 slots (the default), or two
+and one.
+
+Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; bf16 query, e4m3 cache with a float32
+scale per tensor (one element) or per token. The launch wrapper is ``cute_decode.mla_decode``.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float32, Int32, Uint8
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from .cute_decode import D_LATENT, D_QK, TILE, MlaDecodeSm90
+
+_CHUNK = 16  # FP8 values a converter thread moves at a time (one 16-byte shared load)
+
+
+class MlaDecodeFp8Sm90(MlaDecodeSm90):
+    """One compiled FP8 variant: rows (16/32), page copy size, ring depths, scale kind."""
+
+    def __init__(
+        self, rows: int, page_block: int, stages: int, fp8_stages: int, split: bool,
+        write_lse: bool, per_token: bool, converter_wgs: int = 1,
+    ) -> None:  # fmt: skip
+        if rows not in (16, 32):
+            raise ValueError(f"rows={rows}: the FP8 decode takes 16 or 32 rows per CTA")
+        super().__init__(rows, 1, page_block, stages, split, write_lse)
+        self.fp8_stages = fp8_stages
+        self.per_token = per_token
+        if converter_wgs not in (1, 2):
+            raise ValueError(f"converter_wgs={converter_wgs}: 1 or 2 warp groups convert")
+        # Warps 0-3 consume, then 4 or 8 warps convert, then one warp loads (in a warp group
+        # of its own, so that setmaxnreg can move registers: ptxas caps a 288-thread CTA at
+        # 168 per thread).
+        self.converter_wgs = converter_wgs
+        self.converter_warp = 4
+        self.producer_warp = 4 + 4 * converter_wgs
+        self.threads = (2 + converter_wgs) * 128
+
+    # -- host side ----------------------------------------------------------------------------
+
+    @cute.jit
+    def __call__(
+        self,
+        m_q: cute.Tensor,  # [rows_total, 576] bf16
+        m_kv: cute.Tensor,  # [pages * page_size * 576] uint8 (the e4m3 bytes)
+        m_scale: cute.Tensor,  # [1] or [pages * page_size] fp32
+        m_bt: cute.Tensor,
+        m_seq: cute.Tensor,
+        m_out: cute.Tensor,
+        m_lse: cute.Tensor,
+        m_part_o: cute.Tensor,
+        m_part_lse: cute.Tensor,
+        scale_log2: Float32,
+        q_len: Int32,
+        num_heads: Int32,
+        num_splits: Int32,
+        page_size: Int32,
+        batch: Int32,
+        row_blocks: Int32,
+        stream: cuda.CUstream,
+    ):
+        mma_s = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            Float32, (1, 1, 1), tiler_mn=(TILE, self.rows_per_wg),
+        )  # fmt: skip
+        mma_o = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.K,
+            Float32, (1, 1, 1), tiler_mn=(TILE, self.rows),
+        )  # fmt: skip
+        row_major = utils.LayoutEnum.ROW_MAJOR
+        kv_layout = sm90_utils.make_smem_layout_a(
+            row_major, (TILE, self.rows, D_QK), BFloat16, self.stages
+        )
+        vt_layout = sm90_utils.make_smem_layout_a(
+            utils.LayoutEnum.COL_MAJOR, (D_LATENT, self.rows, TILE), BFloat16, 1
+        )
+        q_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, D_QK), BFloat16, 1)
+        p_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, TILE), BFloat16, 1)
+        fp8_layout = cute.make_layout((TILE, D_QK, self.fp8_stages),
+                                      stride=(D_QK, 1, TILE * D_QK))  # fmt: skip
+        tma_q_atom, tma_q = self._make_q_tma(m_q, q_layout)
+        box_bytes = self.page_block * D_QK
+        bulk_atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), Uint8,
+                                        num_bits_per_copy=box_bytes * 8)  # fmt: skip
+
+        @cute.struct
+        class SharedStorage:
+            kv_full_empty: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            fp8_full_empty: cute.struct.MemRange[cutlass.Int64, self.fp8_stages * 2]
+            q_bar: cute.struct.MemRange[cutlass.Int64, 1]
+            red: cute.struct.MemRange[Float32, 2 * 4 * self.rows_per_wg]
+            alpha: cute.struct.MemRange[Float32, self.rows]
+            row_max: cute.struct.MemRange[Float32, self.rows]
+            row_sum: cute.struct.MemRange[Float32, self.rows]
+            s_kv: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kv_layout)], 1024]
+            s_q: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_layout)], 1024]
+            s_p: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(p_layout)], 1024]
+            s_fp8: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(fp8_layout)], 128]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            mma_s, mma_o, tma_q_atom, tma_q, bulk_atom, m_kv, m_scale,
+            kv_layout, vt_layout, q_layout, p_layout, fp8_layout,
+            m_bt, m_seq, m_out, m_lse, m_part_o, m_part_lse,
+            scale_log2, q_len, num_heads, num_splits, page_size,
+        ).launch(
+            grid=[row_blocks, num_splits, batch], block=[self.threads, 1, 1], stream=stream,
+            min_blocks_per_mp=1,
+        )  # fmt: skip
+
+    # -- device side --------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(
+        self,
+        mma_s: cute.TiledMma,
+        mma_o: cute.TiledMma,
+        tma_q_atom: cute.CopyAtom,
+        tma_q: cute.Tensor,
+        bulk_atom: cute.CopyAtom,
+        m_kv: cute.Tensor,
+        m_scale: cute.Tensor,
+        kv_layout: cute.ComposedLayout,
+        vt_layout: cute.ComposedLayout,
+        q_layout: cute.ComposedLayout,
+        p_layout: cute.ComposedLayout,
+        fp8_layout: cute.Layout,
+        m_bt: cute.Tensor,
+        m_seq: cute.Tensor,
+        m_out: cute.Tensor,
+        m_lse: cute.Tensor,
+        m_part_o: cute.Tensor,
+        m_part_lse: cute.Tensor,
+        scale_log2: Float32,
+        q_len: Int32,
+        num_heads: Int32,
+        num_splits: Int32,
+        page_size: Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        rb, split, b = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+
+        rows_per_req = q_len * num_heads
+        row0 = rb * self.rows
+        seq_len, start, end, n_tiles = self._split_tiles(m_seq, b, split, num_splits)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        s_kv = storage.s_kv.get_tensor(kv_layout.outer, swizzle=kv_layout.inner)
+        s_q = storage.s_q.get_tensor(q_layout.outer, swizzle=q_layout.inner)
+        s_p = storage.s_p.get_tensor(p_layout.outer, swizzle=p_layout.inner)
+        s_fp8 = storage.s_fp8.get_tensor(fp8_layout)
+        q_bar = storage.q_bar.data_ptr()
+        red = storage.red.get_tensor(cute.make_layout((self.rows_per_wg, 4, 1, 2)))
+        s_alpha = storage.alpha.get_tensor(cute.make_layout(self.rows))
+        s_max = storage.row_max.get_tensor(cute.make_layout(self.rows))
+        s_sum = storage.row_sum.get_tensor(cute.make_layout(self.rows))
+
+        # bf16 ring: filled by the converter groups' threads, emptied by the consumer's 128.
+        kv_pipe = pipeline.PipelineAsync.create(
+            barrier_storage=storage.kv_full_empty.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, 128 * self.converter_wgs
+            ),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+            defer_sync=True,
+        )
+        # FP8 ring: bulk copies complete its full barriers; the converter warps empty it.
+        fp8_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.fp8_full_empty.data_ptr(),
+            num_stages=self.fp8_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.converter_wgs),
+            tx_count=TILE * D_QK,
+            defer_sync=True,
+        )
+        if warp == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_init(q_bar, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        if warp >= self.producer_warp:
+            cute.arch.warpgroup_reg_dealloc(40)
+            if warp == self.producer_warp:
+                self._load(tma_q_atom, tma_q, bulk_atom, m_kv, s_q, s_fp8, q_bar, fp8_pipe,
+                           m_bt, b, rows_per_req, row0, start, end, n_tiles, page_size)  # fmt: skip
+        elif warp >= self.converter_warp:
+            # registers per thread: consumer 232 + converters + loader 40 <= 512 (a CTA's
+            # 64 K over 128-thread groups); one converter group holds a 288-byte share
+            cute.arch.warpgroup_reg_dealloc(152 if self.converter_wgs == 1 else 112)
+            self._convert(s_fp8, s_kv, fp8_pipe, kv_pipe, m_scale, m_bt, b, start, end,
+                          n_tiles, page_size, tidx - 128)  # fmt: skip
+        else:
+            cute.arch.warpgroup_reg_alloc(232)
+            self._consume(
+                mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
+                s_sum, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads,
+                num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx,
+                warp, lane,
+            )  # fmt: skip
+
+    @cute.jit
+    def _load(
+        self, tma_q_atom, tma_q, bulk_atom, m_kv, s_q, s_fp8, q_bar, fp8_pipe, m_bt, b,
+        rows_per_req, row0, start, end, n_tiles, page_size,
+    ):  # fmt: skip
+        """The loader warp: the query block, then every FP8 tile of the split (bulk copies).
+
+        A box past the split's end copies the split's first box instead (its bytes are read
+        but never used: the converter zeroes those tokens), so every slot receives the same
+        byte count.
+        """
+        self._load_query(tma_q_atom, tma_q, s_q, q_bar, b, rows_per_req, row0)
+        box_bytes = self.page_block * D_QK
+        base = m_kv.iterator.toint()
+        s_boxes = cute.make_tensor(  # (box bytes, copy, stage): each box is contiguous
+            s_fp8.iterator,
+            cute.make_layout((box_bytes, self.copies_per_tile, self.fp8_stages),
+                             stride=(1, box_bytes, TILE * D_QK)),
+        )  # fmt: skip
+        first = Int32(0)
+        if n_tiles > 0:  # a split with no tiles may start past the block table
+            first = (m_bt[b, start // page_size] * page_size + start % page_size) // self.page_block
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                             self.fp8_stages)  # fmt: skip
+        for tile in cutlass.range(n_tiles, unroll=1):
+            fp8_pipe.producer_acquire(state)
+            for c in cutlass.range_constexpr(self.copies_per_tile):
+                pos = start + tile * TILE + c * self.page_block
+                box = first
+                if pos < end:
+                    page = m_bt[b, pos // page_size]
+                    box = (page * page_size + pos % page_size) // self.page_block
+                # the box as global memory (bulk copies need it), its offset in 64 bits
+                g_box = cute.make_tensor(
+                    cute.make_ptr(Uint8, base + cutlass.Int64(box) * box_bytes,
+                                  cute.AddressSpace.gmem, assumed_align=16),
+                    cute.make_layout(box_bytes),
+                )  # fmt: skip
+                src, dst = cpasync.group_bulk_copy_modes(g_box, s_boxes[None, c, state.index])
+                with cute.arch.elect_one():  # one bulk copy, not one per lane
+                    cute.copy(bulk_atom, src, dst,
+                              mbar_ptr=fp8_pipe.producer_get_barrier(state))  # fmt: skip
+            state.advance()
+
+    @cute.jit
+    def _token_scale(self, m_scale, m_bt, b, pos, end, page_size):
+        """The scale of the token at ``pos`` (0 past the split's end)."""
+        tok_scale = Float32(0.0)
+        if pos < end:
+            page = m_bt[b, pos // page_size]
+            tok_scale = m_scale[page * page_size + pos % page_size]
+        return tok_scale
+
+    @cute.jit
+    def _convert(
+        self, s_fp8, s_kv, fp8_pipe, kv_pipe, m_scale, m_bt, b, start, end, n_tiles,
+        page_size, ct,
+    ):  # fmt: skip
+        """A converter thread: its share of each FP8 slot -> the dequantised bf16 tile.
+
+        Thread ``ct`` owns token ``ct // parts`` and part ``ct % parts`` of its 576 values
+        (``parts`` = 2 per converter warp group): all its 16-byte shared loads first, then
+        per chunk of 16 a conversion through float32 (times the scale) and one store into
+        the swizzled bf16 tile. A per-token scale is read a tile ahead, off the critical path.
+        """
+        parts = 2 * self.converter_wgs
+        token = ct // parts
+        part = ct % parts
+        per_part = D_QK // parts
+        chunks = per_part // _CHUNK
+        scale = Float32(1.0)
+        if cutlass.const_expr(not self.per_token):
+            scale = m_scale[0]
+        else:
+            scale = self._token_scale(m_scale, m_bt, b, start + token, end, page_size)
+        r8 = cute.make_rmem_tensor((per_part,), Uint8)
+        r16 = cute.make_rmem_tensor((_CHUNK,), BFloat16)
+        in_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                self.fp8_stages)  # fmt: skip
+        out_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                 self.stages)  # fmt: skip
+        for tile in cutlass.range(n_tiles, unroll=1):
+            pos = start + tile * TILE + token
+            live = pos < end
+            tok_scale = scale
+            if cutlass.const_expr(self.per_token):  # the next tile's, in flight meanwhile
+                scale = self._token_scale(m_scale, m_bt, b, pos + TILE, end, page_size)
+            fp8_pipe.consumer_wait(in_state)
+            src = cute.local_tile(s_fp8[token, None, in_state.index], (per_part,), (part,))
+            cute.autovec_copy(src, r8)
+            fp8_pipe.consumer_release(in_state)  # the slot's bytes are in registers now
+            kv_pipe.producer_acquire(out_state)
+            dst = s_kv[token, None, out_state.index]
+            for k in cutlass.range_constexpr(chunks):
+                if live:
+                    chunk = cute.local_tile(r8, (_CHUNK,), (k,))
+                    e4m3 = cute.recast_tensor(chunk, cutlass.Float8E4M3FN).load()
+                    r16.store((e4m3.to(Float32) * tok_scale).to(BFloat16))
+                else:
+                    r16.fill(0.0)
+                cute.autovec_copy(r16, cute.local_tile(dst, (_CHUNK,), (part * chunks + k,)))
+            # the wgmma reading this tile is in the async proxy
+            cute.arch.fence_proxy(
+                cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
+            )
+            kv_pipe.producer_commit(out_state)
+            in_state.advance()
+            out_state.advance()
