@@ -135,9 +135,23 @@ def _mla_decode_args(heads: int, page_size: int, *, split: bool) -> tuple[Any, .
     return tensors + scalars
 
 
+def _mla_decode_fp8_args(heads: int, page_size: int, *, split: bool, per_token: bool):
+    """Example arguments of the FP8 MLA decode: the bf16 ones with the cache as bytes and a
+    scale tensor (one, or one per token slot) after it."""
+    import torch
+
+    from tokenspeed.mla.cute_decode import _cute_tensor
+
+    q, _, *rest = _mla_decode_args(heads, page_size, split=split)
+    cache = _cute_tensor(torch.empty(64 * page_size * 576, dtype=torch.uint8))
+    scale = _cute_tensor(torch.empty(64 * page_size if per_token else 1), 4)
+    return (q, cache, scale, *rest)
+
+
 def main() -> None:
-    """Report the MLA decode kernels: KV tokens on M (16/64 rows) and 64 rows on M."""
+    """Report the MLA decode kernels: KV tokens on M (16/64 rows), 64 rows on M, FP8."""
     from tokenspeed.mla.cute_decode import MlaDecodeSm90
+    from tokenspeed.mla.cute_decode_fp8 import MlaDecodeFp8Sm90
     from tokenspeed.mla.cute_seesaw import MlaDecodeSeesawSm90
 
     cases = [
@@ -150,6 +164,9 @@ def main() -> None:
     for name, kernel, heads, page, split in cases:
         report = compile_report(kernel, *_mla_decode_args(heads, page, split=bool(split)))
         print(f"{name:<40} {report}")
+    fp8 = MlaDecodeFp8Sm90(32, 64, 2, 1, False, True, per_token=True, converter_wgs=2)
+    report = compile_report(fp8, *_mla_decode_fp8_args(32, 64, split=False, per_token=True))
+    print(f"{'FP8 cache, 32 rows, 2 + 1, two converters':<40} {report}")
 
 
 if __name__ == "__main__":

@@ -171,3 +171,27 @@ def test_cute_decode_needs_hopper_and_cute_dsl():
     odd_page = explain_selection("mla", "decode", bf16, traits={**traits, "page_size": 96},
                                  device=H200)  # fmt: skip
     assert odd_page.chosen != "cute_mla_decode_sm90"
+
+
+def test_cute_decode_refuses_wrong_cache_and_scale_combinations_before_launching():
+    """Checked on the host from dtypes and shapes, so no GPU is needed to see them."""
+    pytest.importorskip("cutlass")
+    import torch
+
+    from tokenspeed.mla import cute_decode
+
+    q = torch.zeros(2, 1, 16, 576, dtype=torch.bfloat16)
+    bf16 = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
+    fp8 = bf16.to(torch.float8_e4m3fn)
+    tables = torch.zeros(2, 2, dtype=torch.int32)
+    seq = torch.full((2,), 100, dtype=torch.int32)
+    scale = torch.ones(1)
+    with pytest.raises(ValueError, match="kv_scale"):
+        cute_decode.mla_decode(q, fp8, tables, seq, 0.1)
+    with pytest.raises(ValueError, match="kv_scale"):
+        cute_decode.mla_decode(q, bf16, tables, seq, 0.1, kv_scale=scale)
+    with pytest.raises(ValueError, match="bf16 query"):
+        cute_decode.mla_decode(q.half(), bf16, tables, seq, 0.1)
+    with pytest.raises(ValueError, match="up to 32 rows"):
+        cute_decode.mla_decode(torch.zeros(2, 1, 64, 576, dtype=torch.bfloat16), fp8, tables,
+                               seq, 0.1, kv_scale=scale)  # fmt: skip
