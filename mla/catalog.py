@@ -166,7 +166,7 @@ def _register_cute_decode() -> None:
         priority=Priority.SPECIALIZED,
         tags=("deterministic",),
         description="CuTe DSL SM90 MLA decode over an FP8 cache (up to 32 rows per request): "
-        "bulk-copied e4m3 tiles, a converter warp group dequantising them to bf16, wgmma",
+        "bulk-copied e4m3 tiles, converter warp groups dequantising them to bf16, wgmma",
     )
 
 

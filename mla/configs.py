@@ -230,9 +230,11 @@ def cute_decode_plan(
     cfg = dict(config or {})
     rows_per_req = q_len * heads
     if fp8:
-        if rows_per_req > 32 or cfg.get("layout", "tokens") != "tokens":
+        if rows_per_req > 32:
             raise ValueError(f"the FP8 CuTe decode takes up to 32 rows per request, not "
                              f"{rows_per_req} ({heads} heads x {q_len} query tokens)")  # fmt: skip
+        if cfg.get("layout", "tokens") != "tokens":
+            raise ValueError("the FP8 CuTe decode has the tokens layout only")
         cfg = {"stages": 2, "fp8_stages": 1, "converter_wgs": 2, "wgs": 1, **cfg}
     layout = str(cfg.get("layout", "tokens" if rows_per_req <= 32 else "heads"))
     if layout not in ("tokens", "heads"):

@@ -631,6 +631,9 @@ def mla_decode(
     batch, q_len, heads, _ = query.shape
     cache = kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], D_QK)
     page_size = cache.shape[1]
+    if fp8 and kv_scale.numel() not in (1, cache.shape[0] * page_size):
+        raise ValueError(f"kv_scale holds {kv_scale.numel()} values: one per tensor, or one "
+                         f"scale per token slot ({cache.shape[0] * page_size})")  # fmt: skip
     capacity = block_tables.shape[1] * page_size
     kv_len = min(max_seq_len, capacity) if max_seq_len else capacity
     plan = cute_decode_plan(batch, q_len, heads, kv_len, page_size, num_splits=num_splits,

@@ -150,7 +150,7 @@ def test_cute_fp8_decode_plan_rings_and_limits():
                                  config={"stages": 2, "fp8_stages": 3})  # fmt: skip
     with pytest.raises(ValueError, match="up to 32 rows"):
         configs.cute_decode_plan(8, 2, 32, 4096, 64, fp8=True)
-    with pytest.raises(ValueError, match="up to 32 rows"):
+    with pytest.raises(ValueError, match="tokens layout only"):
         configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True, config={"layout": "heads"})
     assert configs.cute_decode_plan(8, 1, 16, 4096, 64)["fp8_stages"] == 0  # bf16: none
 
@@ -195,3 +195,5 @@ def test_cute_decode_refuses_wrong_cache_and_scale_combinations_before_launching
     with pytest.raises(ValueError, match="up to 32 rows"):
         cute_decode.mla_decode(torch.zeros(2, 1, 64, 576, dtype=torch.bfloat16), fp8, tables,
                                seq, 0.1, kv_scale=scale)  # fmt: skip
+    with pytest.raises(ValueError, match="one scale per token slot"):
+        cute_decode.mla_decode(q, fp8, tables, seq, 0.1, kv_scale=torch.ones(4, 63))
