@@ -9,15 +9,16 @@ does it:
 * a loader warp copies each 64-token FP8 tile (36 KiB: half a bf16 tile) with bulk copies,
   one per page block (a page's tokens are contiguous rows of 576 bytes), into a ring of
   ``fp8_stages`` slots;
-* a converter warp group turns a slot into a bf16 tile of the MMA ring (dequantised: times
-  the token's scale, or the tensor's), zeroing tokens past the split's end, and releases the
-  slot at once, so the loads run ``fp8_stages`` tiles ahead of the conversion;
+* one or two converter warp groups read a slot into registers, release it (so the next
+  load starts), and write it into a bf16 tile of the MMA ring (dequantised: times the
+  token's scale, or the tensor's), zeroing tokens past the split's end;
 * the consumer warp group is ``MlaDecodeSm90``'s, unchanged: scores, online softmax and the
   product with V over the bf16 tile.
 
 Shared memory (32 rows): query 36 KiB + ``stages`` bf16 tiles of 72 KiB + P 4 KiB +
-``fp8_stages`` FP8 slots of 36 KiB: one bf16 tile and three FP8 slots (the default), or two
-and one.
+``fp8_stages`` FP8 slots of 36 KiB: two bf16 tiles and one FP8 slot, or one and three. The
+plan's default (two and one, two converter groups) measured fastest (docs/mla.md); the
+conversion, not the loads, limits it.
 
 Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; bf16 query, e4m3 cache with a float32
 scale per tensor (one element) or per token. The launch wrapper is ``cute_decode.mla_decode``.
