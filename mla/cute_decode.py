@@ -241,23 +241,7 @@ class MlaDecodeSm90(KvRingProducer):
         row_blocks: Int32,
         stream: cuda.CUstream,
     ):
-        mma_s = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-            Float32, (1, 1, 1), tiler_mn=(TILE, self.rows_per_wg),
-        )  # fmt: skip
-        mma_o = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.K,
-            Float32, (1, 1, 1), tiler_mn=(TILE, self.rows),
-        )  # fmt: skip
-        row_major = utils.LayoutEnum.ROW_MAJOR
-        kv_layout = sm90_utils.make_smem_layout_a(
-            row_major, (TILE, self.rows, D_QK), BFloat16, self.stages
-        )
-        vt_layout = sm90_utils.make_smem_layout_a(
-            utils.LayoutEnum.COL_MAJOR, (D_LATENT, self.rows, TILE), BFloat16, 1
-        )
-        q_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, D_QK), BFloat16, 1)
-        p_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, TILE), BFloat16, 1)
+        mma_s, mma_o, kv_layout, vt_layout, q_layout, p_layout = self._mmas_and_layouts()
         tma_kv_atom, tma_kv, tma_q_atom, tma_q = self._make_tmas(m_q, m_kv, q_layout, kv_layout)
 
         @cute.struct
@@ -282,6 +266,29 @@ class MlaDecodeSm90(KvRingProducer):
             grid=[row_blocks, num_splits, batch], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=1,
         )  # fmt: skip
+
+    @cute.jit
+    def _mmas_and_layouts(self):
+        """Both products' tiled MMAs (``s^T`` and ``o^T``) and the shared-memory layouts they
+        read: the KV ring, its transposed V view, the query block and ``p^T``."""
+        mma_s = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            Float32, (1, 1, 1), tiler_mn=(TILE, self.rows_per_wg),
+        )  # fmt: skip
+        mma_o = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.K,
+            Float32, (1, 1, 1), tiler_mn=(TILE, self.rows),
+        )  # fmt: skip
+        row_major = utils.LayoutEnum.ROW_MAJOR
+        kv_layout = sm90_utils.make_smem_layout_a(
+            row_major, (TILE, self.rows, D_QK), BFloat16, self.stages
+        )
+        vt_layout = sm90_utils.make_smem_layout_a(
+            utils.LayoutEnum.COL_MAJOR, (D_LATENT, self.rows, TILE), BFloat16, 1
+        )
+        q_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, D_QK), BFloat16, 1)
+        p_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, TILE), BFloat16, 1)
+        return mma_s, mma_o, kv_layout, vt_layout, q_layout, p_layout
 
     # -- device side --------------------------------------------------------------------------
 

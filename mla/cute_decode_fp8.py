@@ -31,11 +31,10 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Uint8
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync
 
-from .cute_decode import D_LATENT, D_QK, TILE, MlaDecodeSm90
+from .cute_decode import D_QK, TILE, MlaDecodeSm90
 
 _CHUNK = 16  # FP8 values a converter thread moves at a time (one 16-byte shared load)
 
@@ -85,23 +84,7 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
         row_blocks: Int32,
         stream: cuda.CUstream,
     ):
-        mma_s = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-            Float32, (1, 1, 1), tiler_mn=(TILE, self.rows_per_wg),
-        )  # fmt: skip
-        mma_o = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.K,
-            Float32, (1, 1, 1), tiler_mn=(TILE, self.rows),
-        )  # fmt: skip
-        row_major = utils.LayoutEnum.ROW_MAJOR
-        kv_layout = sm90_utils.make_smem_layout_a(
-            row_major, (TILE, self.rows, D_QK), BFloat16, self.stages
-        )
-        vt_layout = sm90_utils.make_smem_layout_a(
-            utils.LayoutEnum.COL_MAJOR, (D_LATENT, self.rows, TILE), BFloat16, 1
-        )
-        q_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, D_QK), BFloat16, 1)
-        p_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, TILE), BFloat16, 1)
+        mma_s, mma_o, kv_layout, vt_layout, q_layout, p_layout = self._mmas_and_layouts()
         fp8_layout = cute.make_layout((TILE, D_QK, self.fp8_stages),
                                       stride=(D_QK, 1, TILE * D_QK))  # fmt: skip
         tma_q_atom, tma_q = self._make_q_tma(m_q, q_layout)
