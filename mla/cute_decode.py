@@ -129,12 +129,18 @@ class KvRingProducer:
             tx_count=TILE * D_QK * 2,
             defer_sync=True,
         )
+        self._init_query_barrier(warp, q_bar)
+        return kv_pipe
+
+    @cute.jit
+    def _init_query_barrier(self, warp: Int32, q_bar):
+        """The query block's barrier (one arrival: the loader's expect-tx), then a fence and a
+        CTA sync so every mbarrier set up before it is visible before any warp takes its role."""
         if warp == 0:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_init(q_bar, 1)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
-        return kv_pipe
 
     @cute.jit
     def _load_query(self, tma_q_atom, tma_q, s_q, q_bar, b, rows_per_req, row0):
@@ -290,6 +296,20 @@ class MlaDecodeSm90(KvRingProducer):
         p_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, TILE), BFloat16, 1)
         return mma_s, mma_o, kv_layout, vt_layout, q_layout, p_layout
 
+    @cute.jit
+    def _consumer_smem(self, storage, kv_layout, q_layout, p_layout):
+        """Views of what the consumer reads and writes in shared memory: the KV ring, the
+        query block and its barrier, ``p^T``, and the softmax exchange arrays."""
+        s_kv = storage.s_kv.get_tensor(kv_layout.outer, swizzle=kv_layout.inner)
+        s_q = storage.s_q.get_tensor(q_layout.outer, swizzle=q_layout.inner)
+        s_p = storage.s_p.get_tensor(p_layout.outer, swizzle=p_layout.inner)
+        q_bar = storage.q_bar.data_ptr()
+        red = storage.red.get_tensor(cute.make_layout((self.rows_per_wg, 4, self.wgs, 2)))
+        s_alpha = storage.alpha.get_tensor(cute.make_layout(self.rows))
+        s_max = storage.row_max.get_tensor(cute.make_layout(self.rows))
+        s_sum = storage.row_sum.get_tensor(cute.make_layout(self.rows))
+        return s_kv, s_q, s_p, q_bar, red, s_alpha, s_max, s_sum
+
     # -- device side --------------------------------------------------------------------------
 
     @cute.kernel
@@ -328,14 +348,9 @@ class MlaDecodeSm90(KvRingProducer):
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        s_kv = storage.s_kv.get_tensor(kv_layout.outer, swizzle=kv_layout.inner)
-        s_q = storage.s_q.get_tensor(q_layout.outer, swizzle=q_layout.inner)
-        s_p = storage.s_p.get_tensor(p_layout.outer, swizzle=p_layout.inner)
-        q_bar = storage.q_bar.data_ptr()
-        red = storage.red.get_tensor(cute.make_layout((self.rows_per_wg, 4, self.wgs, 2)))
-        s_alpha = storage.alpha.get_tensor(cute.make_layout(self.rows))
-        s_max = storage.row_max.get_tensor(cute.make_layout(self.rows))
-        s_sum = storage.row_sum.get_tensor(cute.make_layout(self.rows))
+        s_kv, s_q, s_p, q_bar, red, s_alpha, s_max, s_sum = self._consumer_smem(
+            storage, kv_layout, q_layout, p_layout
+        )
 
         kv_pipe = self._make_ring(storage, 4 * self.wgs, warp, q_bar)
 

@@ -157,15 +157,10 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        s_kv = storage.s_kv.get_tensor(kv_layout.outer, swizzle=kv_layout.inner)
-        s_q = storage.s_q.get_tensor(q_layout.outer, swizzle=q_layout.inner)
-        s_p = storage.s_p.get_tensor(p_layout.outer, swizzle=p_layout.inner)
+        s_kv, s_q, s_p, q_bar, red, s_alpha, s_max, s_sum = self._consumer_smem(
+            storage, kv_layout, q_layout, p_layout
+        )
         s_fp8 = storage.s_fp8.get_tensor(fp8_layout)
-        q_bar = storage.q_bar.data_ptr()
-        red = storage.red.get_tensor(cute.make_layout((self.rows_per_wg, 4, 1, 2)))
-        s_alpha = storage.alpha.get_tensor(cute.make_layout(self.rows))
-        s_max = storage.row_max.get_tensor(cute.make_layout(self.rows))
-        s_sum = storage.row_sum.get_tensor(cute.make_layout(self.rows))
 
         # bf16 ring: filled by the converter groups' threads, emptied by the consumer's 128.
         kv_pipe = pipeline.PipelineAsync.create(
@@ -186,11 +181,7 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
             tx_count=TILE * D_QK,
             defer_sync=True,
         )
-        if warp == 0:
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_init(q_bar, 1)
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        self._init_query_barrier(warp, q_bar)
 
         if warp >= self.producer_warp:
             cute.arch.warpgroup_reg_dealloc(40)
