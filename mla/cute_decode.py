@@ -387,8 +387,15 @@ class MlaDecodeSm90(KvRingProducer):
         self, mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
         s_sum, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits,
         b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp, lane,
+        out_scale=None, s_tok_scale=None,
     ):  # fmt: skip
-        """The consumer warp groups: both products and the online softmax, then the output."""
+        """The consumer warp groups: both products and the online softmax, then the output.
+
+        An FP8 cache reaches this as its raw e4m3 values in bf16 (exact); its scale is applied
+        here in float32: one per tensor as ``out_scale`` (the caller folds it into
+        ``scale_log2`` too), or one per token from ``s_tok_scale`` (token, stage), which
+        multiplies each token's scores and its probabilities before the product with V.
+        """
         wg = warp // 4
         wg_tidx = tidx % 128
         warp_in_wg = warp % 4
@@ -435,6 +442,13 @@ class MlaDecodeSm90(KvRingProducer):
             else:
                 acc_s.fill(0.0)
             tile_start = start + tile * TILE
+            # a thread's scores sit in two tokens of the tile: rows (i // 2) % 2 of its quad
+            if cutlass.const_expr(s_tok_scale is not None):
+                tok_scale = cute.make_rmem_tensor((2,), Float32)
+                row_scale = cute.make_rmem_tensor((2,), Float32)
+                for h in cutlass.range_constexpr(2):
+                    tok_scale[h] = s_tok_scale[warp_in_wg * 16 + lane // 4 + 8 * h, stage]
+                    row_scale[h] = scale_log2 * tok_scale[h]
 
             # scale, mask (tokens past the split's end, causal query block), column max
             tile_max = cute.make_rmem_tensor((slots,), Float32)
@@ -443,6 +457,8 @@ class MlaDecodeSm90(KvRingProducer):
             for i in cutlass.range_constexpr(cute.size(acc_s)):
                 m, n = coords_s[i]
                 v = acc_s[i] * scale_log2
+                if cutlass.const_expr(s_tok_scale is not None):
+                    v = acc_s[i] * row_scale[(i // 2) % 2]
                 if masked:
                     row = row0 + wg * rpw + n
                     pos = tile_start + m
@@ -482,7 +498,10 @@ class MlaDecodeSm90(KvRingProducer):
                 j = _slot(i, rpw)
                 p = Float32(cute.math.exp2(acc_s[i] - m_use[j], fastmath=True))
                 l_i[j] = l_i[j] + p
-                r_p[i] = p.to(BFloat16)
+                if cutlass.const_expr(s_tok_scale is not None):
+                    r_p[i] = (p * tok_scale[(i // 2) % 2]).to(BFloat16)
+                else:
+                    r_p[i] = p.to(BFloat16)
             if cutlass.const_expr(self.wgs > 1):  # the other group may still read p^T / alpha
                 cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
             cute.autovec_copy(r_p, t_sp)
@@ -542,6 +561,8 @@ class MlaDecodeSm90(KvRingProducer):
                 inv = Float32(0.0)
                 if total > 0.0:
                     inv = 1.0 / total
+                    if cutlass.const_expr(out_scale is not None):
+                        inv = out_scale / total
                 dim = wg * self.dims_per_wg + d
                 if cutlass.const_expr(self.split):
                     m_part_o[(base_row + n) * num_splits + split, dim] = acc_o[i] * inv
@@ -588,7 +609,15 @@ def _compiled(key: tuple, args: tuple) -> Any:
 
             fp8_stages, per_token, converters = fp8
             kernel: Any = MlaDecodeFp8Sm90(
-                rows, page_block, stages, fp8_stages, split, write_lse, per_token, converters
+                rows,
+                page_block,
+                stages,
+                fp8_stages,
+                split,
+                write_lse,
+                per_token,
+                converters,
+                ablation,
             )
         elif layout == "heads":
             from .cute_seesaw import MlaDecodeSeesawSm90

@@ -10,15 +10,18 @@ does it:
   one per page block (a page's tokens are contiguous rows of 576 bytes), into a ring of
   ``fp8_stages`` slots;
 * one or two converter warp groups read a slot into registers, release it (so the next
-  load starts), and write it into a bf16 tile of the MMA ring (dequantised: times the
-  token's scale, or the tensor's), zeroing tokens past the split's end;
-* the consumer warp group is ``MlaDecodeSm90``'s, unchanged: scores, online softmax and the
-  product with V over the bf16 tile.
+  load starts), and widen it exactly into a bf16 tile of the MMA ring: the raw e4m3 values,
+  which bf16 holds without rounding (``widen_e4m3x2``), plus each token's scale beside the
+  tile when scales are per token;
+* the consumer warp group is ``MlaDecodeSm90``'s: scores, online softmax and the product
+  with V over the bf16 tile, with the scale applied there in float32 (folded into the
+  softmax scale and the output, or per token into the scores and P).
 
 Shared memory (32 rows): query 36 KiB + ``stages`` bf16 tiles of 72 KiB + P 4 KiB +
 ``fp8_stages`` FP8 slots of 36 KiB: two bf16 tiles and one FP8 slot, or one and three. The
-plan's default (two and one, two converter groups) measured fastest (docs/mla.md); the
-conversion, not the loads, limits it.
+plan's default (two and one, two converter groups) measured fastest (docs/mla.md). With the
+cheap widening the conversion is no longer the limit; one 36 KiB FP8 tile in flight per SM
+is (the loads alone, without the products, reach about half the copy bandwidth).
 
 Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; bf16 query, e4m3 cache with a float32
 scale per tensor (one element) or per token. The launch wrapper is ``cute_decode.mla_decode``.
@@ -31,12 +34,52 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-from cutlass import BFloat16, Float32, Int32, Uint8
+from cutlass import BFloat16, Float32, Int32, Uint8, Uint32
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .cute_decode import D_QK, TILE, MlaDecodeSm90
 
 _CHUNK = 16  # FP8 values a converter thread moves at a time (one 16-byte shared load)
+
+# e4m3 (bias 7) and bf16 (bias 127) differ in exponent width only: an e4m3 byte's sign kept
+# and its other seven bits moved down by four is a bf16 of the same value times 2^-120,
+# subnormals included. One exact bf16x2 multiply by 2^120 (0x7B80) undoes that: per pair a
+# byte permute, three logic ops and the multiply, where the cvt route (e4m3x2 -> f16x2 ->
+# 2 x f32, times the scale, -> bf16x2) takes six instructions, four of them conversions, and
+# rounds each value times its scale to bf16. (e4m3's NaN bytes come out as +-480, finite; a
+# quantiser saturates and never writes them.)
+_WIDEN_E4M3X2 = """{
+    .reg .b32 t, m;
+    prmt.b32 t, $1, 0, SELECTOR;
+    and.b32 m, t, 0x7F007F00;
+    shr.b32 m, m, 4;
+    and.b32 t, t, 0x80008000;
+    or.b32 t, t, m;
+    mov.b32 m, 0x7B807B80;
+    mul.rn.bf16x2 $0, t, m;
+}"""
+
+
+@dsl_user_op
+def widen_e4m3x2(word: Uint32, high: bool, *, loc=None, ip=None) -> Uint32:
+    """Two of ``word``'s four e4m3 bytes (0-1, or 2-3 when ``high``) as a bf16x2 of the same
+    values, exactly: the consumer applies the scale in float32."""
+    selector = "0x3424" if high else "0x1404"  # bytes into the top of each half, zeros below
+    return Uint32(
+        llvm.inline_asm(
+            T.i32(),
+            [Uint32(word).ir_value(loc=loc, ip=ip)],
+            _WIDEN_E4M3X2.replace("SELECTOR", selector),
+            "=r,r",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )
 
 
 class MlaDecodeFp8Sm90(MlaDecodeSm90):
@@ -44,11 +87,11 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
 
     def __init__(
         self, rows: int, page_block: int, stages: int, fp8_stages: int, split: bool,
-        write_lse: bool, per_token: bool, converter_wgs: int = 1,
+        write_lse: bool, per_token: bool, converter_wgs: int = 1, ablation: str = "",
     ) -> None:  # fmt: skip
         if rows not in (16, 32):
             raise ValueError(f"rows={rows}: the FP8 decode takes 16 or 32 rows per CTA")
-        super().__init__(rows, 1, page_block, stages, split, write_lse)
+        super().__init__(rows, 1, page_block, stages, split, write_lse, ablation)
         self.fp8_stages = fp8_stages
         self.per_token = per_token
         if converter_wgs not in (1, 2):
@@ -105,6 +148,7 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
             s_q: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_layout)], 1024]
             s_p: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(p_layout)], 1024]
             s_fp8: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(fp8_layout)], 128]
+            tok_scale: cute.struct.MemRange[Float32, TILE * self.stages]
 
         self.shared_storage = SharedStorage
         self.kernel(
@@ -161,6 +205,8 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
             storage, kv_layout, q_layout, p_layout
         )
         s_fp8 = storage.s_fp8.get_tensor(fp8_layout)
+        # per-token scales of the bf16 ring's tiles (token, stage); unused with one scale
+        s_tok_scale = storage.tok_scale.get_tensor(cute.make_layout((TILE, self.stages)))
 
         # bf16 ring: filled by the converter groups' threads, emptied by the consumer's 128.
         kv_pipe = pipeline.PipelineAsync.create(
@@ -192,15 +238,40 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
             # registers per thread: consumer 232 + converters + loader 40 <= 512 (a CTA's
             # 64 K over 128-thread groups); one converter group holds a 288-byte share
             cute.arch.warpgroup_reg_dealloc(152 if self.converter_wgs == 1 else 112)
-            self._convert(s_fp8, s_kv, fp8_pipe, kv_pipe, m_scale, m_bt, b, start, end,
-                          n_tiles, page_size, tidx - 128)  # fmt: skip
+            self._convert(s_fp8, s_kv, s_tok_scale, fp8_pipe, kv_pipe, m_scale, m_bt, b,
+                          start, end, n_tiles, page_size, tidx - 128)  # fmt: skip
         else:
             cute.arch.warpgroup_reg_alloc(232)
+            self._consume_fp8(
+                mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
+                s_sum, m_out, m_lse, m_part_o, m_part_lse, m_scale, s_tok_scale, scale_log2,
+                q_len, num_heads, num_splits, b, split, rows_per_req, row0, start, end,
+                seq_len, n_tiles, tidx, warp, lane,
+            )  # fmt: skip
+
+    @cute.jit
+    def _consume_fp8(
+        self, mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
+        s_sum, m_out, m_lse, m_part_o, m_part_lse, m_scale, s_tok_scale, scale_log2, q_len,
+        num_heads, num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles,
+        tidx, warp, lane,
+    ):  # fmt: skip
+        """The bf16 kernel's consumer over tiles of raw e4m3 values: the scale is applied
+        here, in float32 (per token from ``s_tok_scale``, or the tensor's)."""
+        if cutlass.const_expr(self.per_token):
             self._consume(
                 mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
                 s_sum, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads,
                 num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx,
-                warp, lane,
+                warp, lane, s_tok_scale=s_tok_scale,
+            )  # fmt: skip
+        else:
+            kv_scale = m_scale[0]
+            self._consume(
+                mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
+                s_sum, m_out, m_lse, m_part_o, m_part_lse, scale_log2 * kv_scale, q_len,
+                num_heads, num_splits, b, split, rows_per_req, row0, start, end, seq_len,
+                n_tiles, tidx, warp, lane, out_scale=kv_scale,
             )  # fmt: skip
 
     @cute.jit
@@ -258,51 +329,54 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
 
     @cute.jit
     def _convert(
-        self, s_fp8, s_kv, fp8_pipe, kv_pipe, m_scale, m_bt, b, start, end, n_tiles,
-        page_size, ct,
+        self, s_fp8, s_kv, s_tok_scale, fp8_pipe, kv_pipe, m_scale, m_bt, b, start, end,
+        n_tiles, page_size, ct,
     ):  # fmt: skip
-        """A converter thread: its share of each FP8 slot -> the dequantised bf16 tile.
+        """A converter thread: its share of each FP8 slot -> the same values in the bf16 tile.
 
         Thread ``ct`` owns token ``ct // parts`` and part ``ct % parts`` of its 576 values
         (``parts`` = 2 per converter warp group): all its 16-byte shared loads first, then
-        per chunk of 16 a conversion through float32 (times the scale) and one store into
-        the swizzled bf16 tile. A per-token scale is read a tile ahead, off the critical path.
+        per chunk of 16 an exact widening (``widen_e4m3x2``) and one store into the swizzled
+        bf16 tile. The scale stays out: with a scale per token, part 0's thread writes its
+        token's (0 past the split's end, read a tile ahead) beside the tile for the consumer.
+        Tokens past the end are not zeroed: any byte widens to a finite value, and the
+        consumer gives those tokens zero weight.
         """
         parts = 2 * self.converter_wgs
         token = ct // parts
         part = ct % parts
         per_part = D_QK // parts
         chunks = per_part // _CHUNK
-        scale = Float32(1.0)
-        if cutlass.const_expr(not self.per_token):
-            scale = m_scale[0]
-        else:
+        scale = Float32(0.0)
+        if cutlass.const_expr(self.per_token):
             scale = self._token_scale(m_scale, m_bt, b, start + token, end, page_size)
         r8 = cute.make_rmem_tensor((per_part,), Uint8)
-        r16 = cute.make_rmem_tensor((_CHUNK,), BFloat16)
+        words = cute.recast_tensor(r8, Uint32)  # four e4m3 values each
+        r32 = cute.make_rmem_tensor((_CHUNK // 2,), Uint32)  # a chunk as bf16 pairs
+        r16 = cute.recast_tensor(r32, BFloat16)
         in_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                 self.fp8_stages)  # fmt: skip
         out_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                  self.stages)  # fmt: skip
         for tile in cutlass.range(n_tiles, unroll=1):
-            pos = start + tile * TILE + token
-            live = pos < end
             tok_scale = scale
             if cutlass.const_expr(self.per_token):  # the next tile's, in flight meanwhile
+                pos = start + tile * TILE + token
                 scale = self._token_scale(m_scale, m_bt, b, pos + TILE, end, page_size)
             fp8_pipe.consumer_wait(in_state)
             src = cute.local_tile(s_fp8[token, None, in_state.index], (per_part,), (part,))
             cute.autovec_copy(src, r8)
             fp8_pipe.consumer_release(in_state)  # the slot's bytes are in registers now
             kv_pipe.producer_acquire(out_state)
+            if cutlass.const_expr(self.per_token):
+                if part == 0:
+                    s_tok_scale[token, out_state.index] = tok_scale
             dst = s_kv[token, None, out_state.index]
             for k in cutlass.range_constexpr(chunks):
-                if live:
-                    chunk = cute.local_tile(r8, (_CHUNK,), (k,))
-                    e4m3 = cute.recast_tensor(chunk, cutlass.Float8E4M3FN).load()
-                    r16.store((e4m3.to(Float32) * tok_scale).to(BFloat16))
-                else:
-                    r16.fill(0.0)
+                for w in cutlass.range_constexpr(_CHUNK // 4):
+                    word = words[k * (_CHUNK // 4) + w]
+                    r32[2 * w] = widen_e4m3x2(word, False)
+                    r32[2 * w + 1] = widen_e4m3x2(word, True)
                 cute.autovec_copy(r16, cute.local_tile(dst, (_CHUNK,), (part * chunks + k,)))
             # the wgmma reading this tile is in the async proxy
             cute.arch.fence_proxy(

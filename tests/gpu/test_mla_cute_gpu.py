@@ -225,3 +225,59 @@ def test_fp8_registry_picks_it_up_to_32_rows():
     torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
     q64, *_ = _problem([2000, 1500], 64, 1, 64, seed=13)
     assert M.mla_decode_plan(q64, cache8, tables).kernel != "cute_mla_decode_fp8_sm90"
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_fp8_every_byte_widens_exactly(per_token):
+    """One live token per request, so each head's output is that token's value vector: every
+    non-NaN e4m3 byte must come out as exactly its value times the scale (subnormals too),
+    and the stale slots after it, filled with NaN bytes and NaN scales, must not leak in."""
+
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    batch, heads, page = 4, 16, 64
+    finite = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    cache = torch.full((batch, page, 576), 0x7F, dtype=torch.uint8)  # NaN bytes everywhere
+    for r in range(batch):  # token 0 of page r: every finite byte, shuffled, then repeated
+        order = finite[torch.randperm(len(finite), generator=torch.Generator().manual_seed(r))]
+        cache[r, 0] = order.repeat(3)[:576]
+    cache = cache.cuda().view(torch.float8_e4m3fn)
+    if per_token:  # powers of two: the value times its scale is exact in bf16 as well
+        scale = torch.full((batch, page), float("nan"), device="cuda")
+        scale[:, 0] = torch.tensor([2.0**-3, 2.0**-7, 2.0, 1.0], device="cuda")
+    else:
+        scale = torch.tensor([0.0123], device="cuda")
+    tables = torch.arange(batch, dtype=torch.int32, device="cuda").view(batch, 1)
+    seq = torch.ones(batch, dtype=torch.int32, device="cuda")
+    q = (torch.randn(batch, 1, heads, 576, generator=gen, device="cuda") * 0.1).bfloat16()
+    out, lse = _run(q, cache, tables, seq, num_splits=1, kv_scale=scale)
+    token_scale = scale[:, 0] if per_token else scale.expand(batch)
+    value = cache[:, 0, :512].float() * token_scale[:, None]
+    assert torch.equal(out[:, 0].float(), value.bfloat16().float()[:, None, :].expand_as(out[:, 0]))
+    score = (q[:, 0].float() * (cache[:, 0].float() * token_scale[:, None])[:, None]).sum(-1)
+    torch.testing.assert_close(lse[:, 0], score * SCALE, atol=1e-3, rtol=1e-3)
+
+
+def test_fp8_cuda_graph_replay_with_new_lengths():
+    from tokenspeed.mla import configs, cute_decode
+
+    lens = [900, 300]
+    q, cache, tables, seq = _problem(lens, 16, 1, 64, seed=23)
+    cache8, scale = _fp8(cache, True)
+    out = torch.empty(2, 1, 16, 512, dtype=torch.bfloat16, device="cuda")
+    plan = configs.cute_decode_plan(2, 1, 16, tables.shape[1] * 64, 64, num_splits=2, fp8=True)
+    workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device="cuda")
+
+    def step():
+        cute_decode.mla_decode(q, cache8, tables, seq, SCALE, out=out, num_splits=2,
+                               workspace=workspace, kv_scale=scale)  # fmt: skip
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for lens_now in ([128, 960], [1, 700]):
+        seq.copy_(torch.tensor(lens_now, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        exp, _ = _expected_fp8(q, cache8, scale, tables, seq)
+        torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
