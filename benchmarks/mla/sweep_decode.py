@@ -70,11 +70,17 @@ def variants(
         from tokenspeed.mla import cute_decode
 
         # bf16 tiles + FP8 slots of the converter pipeline (cute_decode_fp8.py); "x2": two
-        # converter warp groups
-        rings = {"1+3": {"stages": 1, "fp8_stages": 3}, "2+1": {"stages": 2, "fp8_stages": 1},
-                 "1+3 x2": {"stages": 1, "fp8_stages": 3, "converter_wgs": 2},
-                 "2+1 x2": {"stages": 2, "fp8_stages": 1, "converter_wgs": 2},
-                 "1+2 x2": {"stages": 1, "fp8_stages": 2, "converter_wgs": 2}}  # fmt: skip
+        # converter warp groups; "ablation no_mma": the consumer without its products (where
+        # the time goes; output wrong by design)
+        one, two = {"converter_wgs": 1}, {"converter_wgs": 2}
+        rings = {
+            "2+1": {"stages": 2, "fp8_stages": 1, **one},
+            "2+1 x2": {"stages": 2, "fp8_stages": 1, **two},
+            "1+3": {"stages": 1, "fp8_stages": 3, **one},
+            "1+3 x2": {"stages": 1, "fp8_stages": 3, **two},
+            "2+1 ablation no_mma": {"stages": 2, "fp8_stages": 1, "ablation": "no_mma", **one},
+            "2+1 x2 ablation no_mma": {"stages": 2, "fp8_stages": 1, "ablation": "no_mma", **two},
+        }
         for ring, cfg in rings.items():
             out.append((
                 f"cute fp8 ring {ring}",
