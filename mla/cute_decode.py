@@ -456,9 +456,10 @@ class MlaDecodeSm90(KvRingProducer):
             masked = tile_start + TILE > cutlass.min(end, first_t + 1)
             for i in cutlass.range_constexpr(cute.size(acc_s)):
                 m, n = coords_s[i]
-                v = acc_s[i] * scale_log2
                 if cutlass.const_expr(s_tok_scale is not None):
                     v = acc_s[i] * row_scale[(i // 2) % 2]
+                else:
+                    v = acc_s[i] * scale_log2
                 if masked:
                     row = row0 + wg * rpw + n
                     pos = tile_start + m
@@ -609,16 +610,9 @@ def _compiled(key: tuple, args: tuple) -> Any:
 
             fp8_stages, per_token, converters = fp8
             kernel: Any = MlaDecodeFp8Sm90(
-                rows,
-                page_block,
-                stages,
-                fp8_stages,
-                split,
-                write_lse,
-                per_token,
-                converters,
+                rows, page_block, stages, fp8_stages, split, write_lse, per_token, converters,
                 ablation,
-            )
+            )  # fmt: skip
         elif layout == "heads":
             from .cute_seesaw import MlaDecodeSeesawSm90
 

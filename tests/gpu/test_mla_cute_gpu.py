@@ -232,7 +232,6 @@ def test_fp8_every_byte_widens_exactly(per_token):
     """One live token per request, so each head's output is that token's value vector: every
     non-NaN e4m3 byte must come out as exactly its value times the scale (subnormals too),
     and the stale slots after it, filled with NaN bytes and NaN scales, must not leak in."""
-
     gen = torch.Generator(device="cuda").manual_seed(21)
     batch, heads, page = 4, 16, 64
     finite = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
