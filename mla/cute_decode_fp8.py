@@ -46,7 +46,7 @@ _CHUNK = 16  # FP8 values a converter thread moves at a time (one 16-byte shared
 # e4m3 (bias 7) and bf16 (bias 127) differ in exponent width only: an e4m3 byte's sign kept
 # and its other seven bits moved down by four is a bf16 of the same value times 2^-120,
 # subnormals included. One exact bf16x2 multiply by 2^120 (0x7B80) undoes that: per pair a
-# byte permute, three logic ops and the multiply, where the cvt route (e4m3x2 -> f16x2 ->
+# byte permute, three integer ops and the multiply, where the cvt route (e4m3x2 -> f16x2 ->
 # 2 x f32, times the scale, -> bf16x2) takes six instructions, four of them conversions, and
 # rounds each value times its scale to bf16. (e4m3's NaN bytes come out as +-480, finite; a
 # quantiser saturates and never writes them.)
