@@ -125,8 +125,8 @@ _CUTE_SM90 = Capability(
 
 
 def _register_cute_decode() -> None:
-    """The CuTe DSL SM90 decodes (TMA + wgmma; bf16, and FP8 up to 32 rows per request),
-    where ``nvidia-cutlass-dsl`` is installed.
+    """The CuTe DSL SM90 decodes (TMA + wgmma; a bf16 cache, or an FP8 one), where
+    ``nvidia-cutlass-dsl`` is installed.
 
     It merges its split-KV partials with the Triton merge kernel, so it needs Triton too.
     """
@@ -160,13 +160,13 @@ def _register_cute_decode() -> None:
         traits={
             "kv_lora_rank": one_of(512),
             "head_dim": one_of(576),
-            "rows": between(1, 32),
+            "q_len": between(1, 16),
             "page_size": _PAGE_FOR_CUTE,
         },
         priority=Priority.SPECIALIZED,
         tags=("deterministic",),
-        description="CuTe DSL SM90 MLA decode over an FP8 cache (up to 32 rows per request): "
-        "bulk-copied e4m3 tiles, converter warp groups dequantising them to bf16, wgmma",
+        description="CuTe DSL SM90 MLA decode over an FP8 cache (blocks of up to 32 rows): "
+        "bulk-copied e4m3 tiles, converter warp groups widening them to bf16, wgmma",
     )
 
 

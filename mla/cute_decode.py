@@ -660,7 +660,7 @@ def mla_decode(
     """CuTe DSL SM90 MLA decode; the contract is ``tokenspeed.mla.mla_decode``'s.
 
     A bf16 query over a bf16 cache, or over an FP8 (e4m3) cache with ``kv_scale`` (one
-    element, or one per token) at up to 32 rows (query tokens x heads) per request.
+    element, or one per token) in blocks of up to 32 rows (query tokens x heads).
     ``fold_sq_factor`` is accepted for the common signature: rows of all query tokens are
     already laid out on one axis here, so every fold gives the same launch.
     """

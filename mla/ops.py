@@ -48,7 +48,6 @@ def _decode_call(
             "kv_lora_rank": kv_lora_rank,
             "num_heads": heads,
             "q_len": q_len,
-            "rows": heads * q_len,  # query rows per request (query tokens x heads)
             "page_size": page_size,
             "batch": bucket(batch),
             "kv_len": bucket(kv_len),

@@ -214,7 +214,7 @@ def test_fp8_cache_page_sizes(page):
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
-def test_fp8_registry_picks_it_up_to_32_rows():
+def test_fp8_registry_picks_it_at_any_head_count():
     import tokenspeed.mla as M
 
     q, cache, tables, seq = _problem([2000, 1500], 16, 1, 64, seed=13)
@@ -223,8 +223,23 @@ def test_fp8_registry_picks_it_up_to_32_rows():
     out = M.mla_decode(q, cache8, tables, seq, SCALE, kv_scale=scale)
     exp, _ = _expected_fp8(q, cache8, scale, tables, seq)
     torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
-    q64, *_ = _problem([2000, 1500], 64, 1, 64, seed=13)
-    assert M.mla_decode_plan(q64, cache8, tables).kernel != "cute_mla_decode_fp8_sm90"
+    q64, *_ = _problem([2000, 1500], 64, 1, 64, seed=13)  # 64 rows: two blocks of 32
+    plan = M.mla_decode_plan(q64, cache8, tables)
+    assert (plan.kernel, plan.block_h) == ("cute_mla_decode_fp8_sm90", 32)
+    out = M.mla_decode(q64, cache8, tables, seq, SCALE, kv_scale=scale)
+    exp, _ = _expected_fp8(q64, cache8, scale, tables, seq)
+    torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("heads,q_len", [(64, 1), (32, 2), (128, 1), (24, 3)])
+def test_fp8_cache_more_than_32_rows(heads, q_len, per_token):
+    """Blocks of 32 rows, each CTA reading the cache for its own block."""
+    lens = [700, 0, q_len, 300]
+    q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads * q_len)
+    cache8, scale = _fp8(cache, per_token)
+    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale)
+    _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
 @pytest.mark.parametrize("per_token", [False, True])

@@ -38,13 +38,17 @@ def test_selection_on_gpus():
     cute = importlib.util.find_spec("cutlass") is not None
     want = "cute_mla_decode_sm90" if cute else "triton_mla_decode"
     assert explain_selection("mla", "decode", bf16, device=H200).chosen == want
-    # FP8 on Hopper: the CuTe converter pipeline up to 32 rows per request, else Triton
-    small, big = {"rows": 16, "page_size": 64}, {"rows": 64, "page_size": 64}
+    # FP8 on Hopper: the CuTe converter pipeline at any head count (blocks of 32 rows) where
+    # CuTe DSL is installed, else Triton; Triton past 16 query tokens
     want_fp8 = "cute_mla_decode_fp8_sm90" if cute else "triton_mla_decode_fp8"
-    chosen = explain_selection("mla", "decode", fp8, traits=small, device=H200).chosen
-    assert chosen == want_fp8
-    chosen = explain_selection("mla", "decode", fp8, traits=big, device=H200).chosen
-    assert chosen == "triton_mla_decode_fp8"
+    for heads in (16, 128):
+        traits = {"num_heads": heads, "q_len": 2, "page_size": 64}
+        assert (
+            explain_selection("mla", "decode", fp8, traits=traits, device=H200).chosen == want_fp8
+        )
+    long_block = {"num_heads": 16, "q_len": 17, "page_size": 64}
+    chosen = explain_selection("mla", "decode", fp8, traits=long_block, device=H200).chosen
+    assert chosen != "cute_mla_decode_fp8_sm90"
     # Triton has no e4m3 before compute capability 8.9: the reference serves FP8 on an A100.
     explained = explain_selection("mla", "decode", fp8, device=A100)
     assert explained.chosen == "torch_mla_decode"
@@ -148,8 +152,10 @@ def test_cute_fp8_decode_plan_rings_and_limits():
     with pytest.raises(ValueError, match="shared memory"):  # 2 x 72 + 3 x 36 KiB + query
         configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True,
                                  config={"stages": 2, "fp8_stages": 3})  # fmt: skip
-    with pytest.raises(ValueError, match="up to 32 rows"):
-        configs.cute_decode_plan(8, 2, 32, 4096, 64, fp8=True)
+    wide = configs.cute_decode_plan(8, 2, 64, 4096, 64, fp8=True)  # 128 rows: 4 blocks of 32
+    assert (wide["layout"], wide["rows"], wide["wgs"], wide["row_blocks"]) == ("tokens", 32, 1, 4)
+    with pytest.raises(ValueError, match="16 or 32 per CTA"):
+        configs.cute_decode_plan(8, 2, 32, 4096, 64, fp8=True, config={"rows": 64})
     with pytest.raises(ValueError, match="tokens layout only"):
         configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True, config={"layout": "heads"})
     assert configs.cute_decode_plan(8, 1, 16, 4096, 64)["fp8_stages"] == 0  # bf16: none
@@ -192,8 +198,8 @@ def test_cute_decode_refuses_wrong_cache_and_scale_combinations_before_launching
         cute_decode.mla_decode(q, bf16, tables, seq, 0.1, kv_scale=scale)
     with pytest.raises(ValueError, match="bf16 query"):
         cute_decode.mla_decode(q.half(), bf16, tables, seq, 0.1)
-    with pytest.raises(ValueError, match="up to 32 rows"):
+    with pytest.raises(ValueError, match="16 or 32 per CTA"):
         cute_decode.mla_decode(torch.zeros(2, 1, 64, 576, dtype=torch.bfloat16), fp8, tables,
-                               seq, 0.1, kv_scale=scale)  # fmt: skip
+                               seq, 0.1, kv_scale=scale, config={"rows": 64})  # fmt: skip
     with pytest.raises(ValueError, match="one scale per token slot"):
         cute_decode.mla_decode(q, fp8, tables, seq, 0.1, kv_scale=torch.ones(4, 63))
