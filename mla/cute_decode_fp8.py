@@ -259,20 +259,16 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
         """The bf16 kernel's consumer over tiles of raw e4m3 values: the scale is applied
         here, in float32 (per token from ``s_tok_scale``, or the tensor's)."""
         if cutlass.const_expr(self.per_token):
-            self._consume(
-                mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
-                s_sum, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads,
-                num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx,
-                warp, lane, s_tok_scale=s_tok_scale,
-            )  # fmt: skip
+            scaling = {"s_tok_scale": s_tok_scale}
         else:
             kv_scale = m_scale[0]
-            self._consume(
-                mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
-                s_sum, m_out, m_lse, m_part_o, m_part_lse, scale_log2 * kv_scale, q_len,
-                num_heads, num_splits, b, split, rows_per_req, row0, start, end, seq_len,
-                n_tiles, tidx, warp, lane, out_scale=kv_scale,
-            )  # fmt: skip
+            scale_log2 = scale_log2 * kv_scale
+            scaling = {"out_scale": kv_scale}
+        self._consume(
+            mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max, s_sum,
+            m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, b,
+            split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp, lane, **scaling,
+        )  # fmt: skip
 
     @cute.jit
     def _load(
