@@ -114,10 +114,35 @@ def _decode_variants(d: dict[str, Any], sms: int) -> Iterator[Variant]:
     yield "n32-carry-s3", _wave(d, sms, 4, 32, num_stages=3, carry_pages=True), True
     if not p16:
         yield "tma-n64-s2", _wave(d, sms, 4, tma=True), True
+    else:
+        yield from _few_split_variants(d)
     # The default before 2026-12-01: about 4 programs per SM, merge launch.
     previous = {"block_n": 64, "num_warps": 4, "num_stages": 2,
                 "num_splits": configs.decode_num_splits(traits, sms)}  # fmt: skip
     yield "previous-default", previous, False
+
+
+def _few_split_variants(d: dict[str, Any]) -> Iterator[Variant]:
+    """Page 16 at 16 x 8k: one or two splits, so fewer (or no) partials to merge at the end.
+
+    With four splits and the fused merge every program publishes its partial with a release
+    atomic and the last one merges, a tail of a few microseconds in a ~135 us call. One
+    split is 128 programs (one per SM, four SMs idle), each streaming 4 MB, so it needs
+    many bytes in flight per program: deeper pipelines and wider tiles.
+    """
+    if d["batch"] * HEADS["num_kv_heads"] * 4 > 1024:
+        return
+    shapes = {1: ((128, 3, 8), (128, 2, 8), (128, 3, 4), (128, 2, 4), (64, 5, 8), (64, 6, 8),
+                  (256, 2, 8), (128, 3, 16)),
+              2: ((64, 3, 4), (128, 2, 8))}  # fmt: skip
+    for splits, tiles in shapes.items():
+        for n, stages, warps in tiles:
+            for carry in (True, False) if (splits, n, stages, warps) == (1, 128, 3, 8) else (True,):
+                cfg = {"block_n": n, "num_stages": stages, "num_warps": warps,
+                       "num_splits": splits, "carry_pages": carry,
+                       **({"merge": "fused"} if splits > 1 else {})}  # fmt: skip
+                tag = "" if carry else "-nocarry"
+                yield f"split{splits}-n{n}-s{stages}-w{warps}{tag}", cfg, True
 
 
 # -- MoE variants ----------------------------------------------------------------------------
@@ -144,6 +169,12 @@ def _moe_variants(tokens: int) -> Iterator[Variant]:
                                      "block_n": 32, "block_k": 128, "num_warps": 4,
                                      "num_stages": 4, "down_block_n": 16, "down_block_k": 256,
                                      "down_num_warps": 4, "down_num_stages": 4}, True  # fmt: skip
+        # The same with six stages in the token-major down (the parts grid's best down launch).
+        yield "sortfree-token-n32-down-s6", {"path": "sortfree", "down": "token",
+                                             "block_m": 16, "block_n": 32, "block_k": 128,
+                                             "num_warps": 4, "num_stages": 4,
+                                             "down_block_n": 16, "down_block_k": 256,
+                                             "down_num_warps": 4, "down_num_stages": 6}, True  # fmt: skip
     if tokens <= 32:
         yield "sortfree-expert", {"path": "sortfree", "reduce": "triton", "block_m": 16,
                                   "block_n": 16 if tokens <= 4 else 32, "block_k": 128,

@@ -129,6 +129,24 @@ def decode_wave_splits(
 # 55 KB -> 4; pointer n64 s2 on page 16, 95 registers and 39 KB -> 5; n32 s3 with carried page
 # ids, 80-104 registers and 38 KB -> 4.
 DECODE_CTAS_PER_SM = {"tma": 4, "wave": 5, "carry": 4}
+# One program per (request, KV head) with 128-token tiles once those programs alone fill at
+# least this share of the SMs and each streams at least this many tokens (16 x 8k, 8 KV
+# heads, page 16 on the H200, 2026-12-02: 130.9-135.6 us over four runs against 135.3-137.5
+# us for the split plan; four warps measured the same, 133.6-134.1 us, with 168 registers).
+DECODE_GROUPS_FILL = 0.9
+DECODE_GROUPS_MIN_KV = 4096
+
+
+def decode_groups_fill_sms(traits: Traits, sms: int | None = None) -> bool:
+    """Whether one program per (request, KV head) nearly fills one wave of single programs.
+
+    Then splitting buys no parallelism the SMs lack; it only adds partial outputs and a
+    merge at the end, and one wide program per SM (128-token tiles, 3 stages, 8 warps, one
+    per SM by shared memory) streams its group's cache without that tail.
+    """
+    groups = traits["batch"] * traits["num_kv_heads"]
+    sms = sms or num_sms()
+    return DECODE_GROUPS_FILL * sms <= groups <= sms and traits["kv_len"] >= DECODE_GROUPS_MIN_KV
 
 
 def decode_default_config(traits: Traits, sms: int | None = None) -> Config:
@@ -137,8 +155,11 @@ def decode_default_config(traits: Traits, sms: int | None = None) -> Config:
     - page size a multiple of 64: TMA page-block tiles, 64 tokens, 2 stages, split count
       from one wave at 4 programs per SM (99.1% of copy bandwidth at 64 x 2k, 95.8% at 16 x 8k);
     - other page sizes (16): when one split per (request, KV head) already fills a wave, 64-token
-      pointer tiles at 2 stages (95.2% at 64 x 2k); otherwise 32-token tiles at 3 stages with the
-      page ids carried one tile ahead, split for one wave at 4 per SM (93.5% at 16 x 8k);
+      pointer tiles at 2 stages (95.2% at 64 x 2k); when those groups alone nearly fill the
+      SMs once with long contexts (``decode_groups_fill_sms``), one program each with
+      128-token tiles, 3 stages, 8 warps and the page ids carried one tile ahead (93.4-96.3%
+      at 16 x 8k over four runs, 2026-12-02); otherwise 32-token tiles at 3 stages with carried page ids, split for
+      one wave at 4 per SM (91.3-93.5% at 16 x 8k);
     - several splits are merged by the last split to finish (``merge: "fused"``), as measured.
 
     Head dims above 128 keep the previous plan (32-token tiles, ~4 programs per SM): the
@@ -154,6 +175,9 @@ def decode_default_config(traits: Traits, sms: int | None = None) -> Config:
         cfg = {"block_n": 64, "num_warps": 4, "num_stages": 2, "num_splits": splits, "tma": True}
     elif decode_wave_splits(traits, DECODE_CTAS_PER_SM["wave"], sms) == 1:
         cfg = {"block_n": 64, "num_warps": 4, "num_stages": 2, "num_splits": 1}
+    elif decode_groups_fill_sms(traits, sms):
+        cfg = {"block_n": 128, "num_warps": 8, "num_stages": 3, "num_splits": 1,
+               "carry_pages": True}  # fmt: skip
     else:
         splits = decode_wave_splits(traits, DECODE_CTAS_PER_SM["carry"], sms, block_n=32)
         cfg = {"block_n": 32, "num_warps": 4, "num_stages": 3, "num_splits": splits,
@@ -241,7 +265,8 @@ def moe_default_config(traits: Traits) -> Config:
       expert's first pair runs its tile). While tokens rarely share an expert (pairs <= half
       the experts: 1-8 tokens at 128/top-8) the down projection runs token-major as a GEMV
       over each token's experts, which writes the output rows directly (63.8% / 79.4% /
-      82.9% / 86.0% of copy bandwidth at 1 / 2 / 4 / 8 tokens); with more sharing it runs
+      82.9% / 86.0% of copy bandwidth at 1 / 2 / 4 / 8 tokens; 64.2% at 1 token with six
+      stages in the down GEMV, 2026-12-02); with more sharing it runs
       expert-major plus a Triton top-k sum (90.8% at 16 tokens).
     - More tokens: the sorted path with the one-launch Triton alignment and top-k sum (93.1% /
       94.0% / 92.9% at 32 / 64 / 128 tokens); 32-row tiles from 16 routed pairs per expert on
@@ -254,10 +279,12 @@ def moe_default_config(traits: Traits) -> Config:
     per_expert = pairs / experts
     if tokens <= MOE_SORTFREE_MAX_TOKENS:  # one 16-row tile holds every token
         if 2 * pairs <= experts:
+            # One token: six stages in the down GEMV (27.5-27.6 us against 28.3-30.4 us with
+            # four, four H200 runs on 2026-12-02; no better from 2 tokens on).
             return {
                 "path": "sortfree", "down": "token", "block_m": 16, "block_n": 32, "block_k": 128,
                 "num_warps": 4, "num_stages": 4, "down_block_n": 16, "down_block_k": 256,
-                "down_num_warps": 4, "down_num_stages": 4,
+                "down_num_warps": 4, "down_num_stages": 6 if tokens == 1 else 4,
             }  # fmt: skip
         return {
             "path": "sortfree", "reduce": "triton", "block_m": 16,
@@ -289,7 +316,7 @@ def moe_config_space(traits: Traits) -> list[Config]:
         gate_up = _grid(block_m=[16], block_n=[16, 32, 64], block_k=[128], num_warps=[4],
                         num_stages=[3, 4])  # fmt: skip
         token_down = _grid(down_block_n=[8, 16, 32], down_block_k=[128, 256, 512],
-                           down_num_warps=[4], down_num_stages=[4])  # fmt: skip
+                           down_num_warps=[4], down_num_stages=[4, 6])  # fmt: skip
         expert_down = _grid(down_block_n=[32, 64], down_block_k=[128])
         space += [{"path": "sortfree", "down": "token", **g, **d}
                   for g in gate_up for d in token_down]  # fmt: skip
