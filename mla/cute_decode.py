@@ -182,6 +182,8 @@ class KvRingProducer:
                 if pos < end:
                     page = m_bt[b, pos // page_size]
                     box = (page * page_size + pos % page_size) // self.page_block
+                if cutlass.const_expr(self.ablation == "l2_loads"):
+                    box = Int32(c)  # every tile the cache's first boxes: L2 hits, not HBM
                 cute.copy(
                     tma_kv_atom, t_kvg[(None, box)], t_kvs[(None, c, 0, state.index)],
                     tma_bar_ptr=kv_pipe.producer_get_barrier(state), **self._kv_load_hint(),
@@ -214,8 +216,10 @@ class MlaDecodeSm90(KvRingProducer):
         self.split = split
         self.write_lse = write_lse
         # Benchmark-only: "no_scores" / "no_values" leave one product out, "no_mma" both, so
-        # timing the variants places the time spent in a tile (the results are then wrong).
-        if ablation not in ("", "no_scores", "no_values", "no_mma"):
+        # timing the variants places the time spent in a tile; "l2_loads" loads every tile
+        # from the cache's first boxes (L2-resident), so the ring fills at L2 speed and the
+        # consumer's own time per tile shows (the results are then wrong).
+        if ablation not in ("", "no_scores", "no_values", "no_mma", "l2_loads"):
             raise ValueError(f"unknown ablation {ablation!r}")
         self.ablation = ablation
         self.consumer_threads = 128 * consumer_wgs

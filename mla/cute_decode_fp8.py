@@ -302,6 +302,8 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
                 if pos < end:
                     page = m_bt[b, pos // page_size]
                     box = (page * page_size + pos % page_size) // self.page_block
+                if cutlass.const_expr(self.ablation == "l2_loads"):
+                    box = Int32(c)  # benchmark-only: every tile from L2 (see MlaDecodeSm90)
                 # the box as global memory (bulk copies need it), its offset in 64 bits
                 g_box = cute.make_tensor(
                     cute.make_ptr(Uint8, base + cutlass.Int64(box) * box_bytes,

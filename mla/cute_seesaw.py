@@ -84,8 +84,9 @@ class MlaDecodeSeesawSm90(KvRingProducer):
         self.split = split
         self.write_lse = write_lse
         # Benchmark-only: leave a product out ("no_scores", "no_values") or both ("no_mma") to
-        # place the time of a tile; the results are then wrong.
-        if ablation not in ("", "no_scores", "no_values", "no_mma"):
+        # place the time of a tile, or load every tile from L2 ("l2_loads", see
+        # ``MlaDecodeSm90``); the results are then wrong.
+        if ablation not in ("", "no_scores", "no_values", "no_mma", "l2_loads"):
             raise ValueError(f"unknown ablation {ablation!r}")
         self.ablation = ablation
         self.evict_first = evict_first
