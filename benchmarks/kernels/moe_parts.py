@@ -8,7 +8,7 @@ contiguous matrix of each launch's weight bytes, and ``torch.sum`` over the same
 Every part is checked against the torch reference before it is timed. Timing: CUDA-graph
 replay over rotating input sets larger than the L2, median.
 
-    python3 benchmarks/kernels/moe_parts.py --tokens 1,2 --out parts.json [--quick]
+    python3 benchmarks/kernels/moe_parts.py --tokens 1,2 --out parts.json [--grid quick|base|wide-k]
 """
 
 from __future__ import annotations
@@ -69,23 +69,35 @@ def _close(out: torch.Tensor, ref: torch.Tensor) -> bool:
     return bool(torch.isfinite(out).all()) and bool((err <= 2e-2 + 2e-2 * ref.float().abs()).all())
 
 
-def _gate_up_configs(quick: bool) -> Iterator[dict[str, Any]]:
+def _gate_up_configs(grid: str) -> Iterator[dict[str, Any]]:
+    """``quick``: the default only; ``base``: tiles around it; ``wide-k``: long K tiles, so
+    each weight row is read in a few long contiguous runs rather than many 256-byte ones."""
     ns, ks, warps, stages = (16, 32, 64), (64, 128, 256), (4,), (3, 4, 6)
-    if quick:
+    if grid == "quick":
         ns, ks, stages = (32,), (128,), (4,)
+    elif grid == "wide-k":
+        yield {"path": "sortfree", "block_m": 16, "block_n": 32, "block_k": 128,
+               "num_warps": 4, "num_stages": 4}  # the default, for reference  # fmt: skip
+        ns, ks, warps, stages = (16, 32), (512, 1024), (4, 8), (2, 3, 4)
     for n, k, w, s in itertools.product(ns, ks, warps, stages):
+        if (s - 1) * (16 + 2 * n) * k * 2 > 200 << 10:  # x, gate and up tiles per buffer
+            continue  # more shared memory than an SM has
         yield {"path": "sortfree", "block_m": 16, "block_n": n, "block_k": k,
                "num_warps": w, "num_stages": s}  # fmt: skip
-    if not quick:
+    if grid == "base":
         for w in (2, 8):
             yield {"path": "sortfree", "block_m": 16, "block_n": 32, "block_k": 128,
                    "num_warps": w, "num_stages": 4}  # fmt: skip
 
 
-def _down_configs(quick: bool) -> Iterator[dict[str, Any]]:
+def _down_configs(grid: str) -> Iterator[dict[str, Any]]:
     ns, ks, warps, stages = (8, 16, 32), (128, 256), (2, 4), (3, 4, 6)
-    if quick:
+    if grid == "quick":
         ns, ks, warps, stages = (16,), (256,), (4,), (4,)
+    elif grid == "wide-k":
+        yield {"down": "token", "down_block_n": 16, "down_block_k": 256, "down_num_warps": 4,
+               "down_num_stages": 6, "num_warps": 4, "num_stages": 4}  # the default  # fmt: skip
+        ns, ks, warps, stages = (8, 16, 32), (512, 1024), (2, 4), (2, 3, 4)
     for n, k, w, s in itertools.product(ns, ks, warps, stages):
         yield {"down": "token", "down_block_n": n, "down_block_k": k,
                "down_num_warps": w, "down_num_stages": s, "num_warps": 4, "num_stages": 4}  # fmt: skip
@@ -114,7 +126,7 @@ def _row(part: str, cfg: Any, us: float, nbytes: float, copy: float, ok: bool) -
             "fraction_of_copy_bw": gbps / copy, "correct": ok}  # fmt: skip
 
 
-def run(tokens: int, quick: bool, full_only: bool, copy: float, w13: torch.Tensor, w2: torch.Tensor,
+def run(tokens: int, grid: str, full_only: bool, copy: float, w13: torch.Tensor, w2: torch.Tensor,
         l2: int) -> list[dict[str, Any]]:  # fmt: skip
     from tokenspeed.kernels.reference.moe import fused_moe as reference
     from tokenspeed.kernels.triton_ops import fused_moe as fm
@@ -149,7 +161,7 @@ def run(tokens: int, quick: bool, full_only: bool, copy: float, w13: torch.Tenso
             emit({"part": f"full {label}", "config": cfg, "error": repr(err)[:300]})
     if full_only:
         return rows
-    for cfg in _gate_up_configs(quick):
+    for cfg in _gate_up_configs(grid):
 
         def gate_up(s: dict[str, Any], cfg: dict[str, Any] = cfg) -> None:
             fm._sortfree_gate_up(s["x"], w13, s["act"], s["flat_ids"], k, cfg)
@@ -164,7 +176,7 @@ def run(tokens: int, quick: bool, full_only: bool, copy: float, w13: torch.Tenso
         fm._sortfree_gate_up(s["x"], w13, s["act"], s["flat_ids"], k,
                              {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4,
                               "num_stages": 4})  # fmt: skip
-    for cfg in _down_configs(quick):
+    for cfg in _down_configs(grid):
 
         def down(s: dict[str, Any], cfg: dict[str, Any] = cfg) -> torch.Tensor:
             return fm._token_down(s["act"], w2, s["flat_w"], s["flat_ids"], tokens, k, DTYPE, cfg)
@@ -174,6 +186,20 @@ def run(tokens: int, quick: bool, full_only: bool, copy: float, w13: torch.Tenso
             emit(_row("down", cfg, _time(down, sets), down_bytes, copy, ok))
         except Exception as err:
             emit({"part": "down", "config": cfg, "error": repr(err)[:300]})
+    # the fastest correct gate/up and down launches of the grid, as one call
+    best = {}
+    for part in ("gate_up", "down"):
+        timed = [r for r in rows if r["part"] == part and r.get("correct")]
+        if timed:
+            best[part] = min(timed, key=lambda r: r["median_us"])["config"]
+    if len(best) == 2:
+        combo = {**best["gate_up"], **best["down"], "path": "sortfree"}
+
+        def combined(s: dict[str, Any]) -> torch.Tensor:
+            return fm.fused_moe(s["x"], w13, w2, s["weights"], s["ids"], config=combo)
+
+        emit(_row("full best parts", combo, _time(combined, sets), gu_bytes + down_bytes, copy,
+                  _close(combined(s0), want)))  # fmt: skip
     # peers: one launch over one contiguous matrix of the same bytes
     n_sets = max(2, -(-3 * l2 // int(gu_bytes)))
     for name, rows_, cols, nbytes in (("gate_up", int(used) * 2 * i, h, gu_bytes),
@@ -191,7 +217,7 @@ def run(tokens: int, quick: bool, full_only: bool, copy: float, w13: torch.Tenso
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="1,2")
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--grid", choices=("quick", "base", "wide-k"), default="base")
     parser.add_argument("--full-only", action="store_true", help="whole calls only")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -208,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     w13, w2 = _weights()
     rows = []
     for t in (int(x) for x in args.tokens.split(",")):
-        rows += run(t, args.quick, args.full_only, bounds["copy_gbps"], w13, w2, l2_bytes())
+        rows += run(t, args.grid, args.full_only, bounds["copy_gbps"], w13, w2, l2_bytes())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"environment": environment(), "bounds": bounds,
                                     "moe": MOE, "results": rows}, indent=1))  # fmt: skip
