@@ -158,8 +158,8 @@ def decode_default_config(traits: Traits, sms: int | None = None) -> Config:
       pointer tiles at 2 stages (95.2% at 64 x 2k); when those groups alone nearly fill the
       SMs once with long contexts (``decode_groups_fill_sms``), one program each with
       128-token tiles, 3 stages, 8 warps and the page ids carried one tile ahead (93.4-96.3%
-      at 16 x 8k over four runs, 2026-12-02); otherwise 32-token tiles at 3 stages with carried page ids, split for
-      one wave at 4 per SM (91.3-93.5% at 16 x 8k);
+      at 16 x 8k over four runs, 2026-12-02); otherwise 32-token tiles at 3 stages with
+      carried page ids, split for one wave at 4 per SM (91.3-93.5% at 16 x 8k);
     - several splits are merged by the last split to finish (``merge: "fused"``), as measured.
 
     Head dims above 128 keep the previous plan (32-token tiles, ~4 programs per SM): the
