@@ -126,9 +126,8 @@ def decode_wave_splits(
 
 # Resident programs per SM of the default decode kernels on the H200 (sm_90a, Triton 3.6; the
 # compiled registers and shared memory the sweep records): TMA n64 s2 121-125 registers and
-# 55 KB -> 4; pointer n64 s2 on page 16, 95 registers and 39 KB -> 5; n32 s3 with carried page
-# ids, 80-104 registers and 38 KB -> 4.
-DECODE_CTAS_PER_SM = {"tma": 4, "wave": 5, "carry": 4}
+# 55 KB -> 4; n32 s3 with carried page ids, 80-104 registers and 38 KB -> 4.
+DECODE_CTAS_PER_SM = {"tma": 4, "carry": 4}
 # One program per (request, KV head) with 128-token tiles once those programs alone fill at
 # least this share of the SMs and each streams at least this many tokens (16 x 8k, 8 KV
 # heads, page 16 on the H200, 2026-12-02: 130.9-135.6 us over four runs against 135.3-137.5
@@ -154,12 +153,13 @@ def decode_default_config(traits: Traits, sms: int | None = None) -> Config:
 
     - page size a multiple of 64: TMA page-block tiles, 64 tokens, 2 stages, split count
       from one wave at 4 programs per SM (99.1% of copy bandwidth at 64 x 2k, 95.8% at 16 x 8k);
-    - other page sizes (16): when one split per (request, KV head) already fills a wave, 64-token
-      pointer tiles at 2 stages (95.2% at 64 x 2k); when those groups alone nearly fill the
-      SMs once with long contexts (``decode_groups_fill_sms``), one program each with
-      128-token tiles, 3 stages, 8 warps and the page ids carried one tile ahead (93.4-96.3%
-      at 16 x 8k over four runs, 2026-12-02); otherwise 32-token tiles at 3 stages with
-      carried page ids, split for one wave at 4 per SM (91.3-93.5% at 16 x 8k);
+    - other page sizes (16): when the (request, KV head) groups alone nearly fill the SMs once
+      with long contexts (``decode_groups_fill_sms``), one program each with 128-token tiles,
+      3 stages, 8 warps and the page ids carried one tile ahead (93.4-96.3% at 16 x 8k over
+      four runs, 2026-12-02); otherwise 32-token tiles at 3 stages with carried page ids,
+      split for one wave at 4 per SM (91.3-93.5% at 16 x 8k), which is one split when the
+      groups already fill that wave (93.4-96.9% at 64 x 2k over six runs, 2026-12-01/02,
+      against 92.5-94.5% for 64-token tiles at 2 stages in the same runs);
     - several splits are merged by the last split to finish (``merge: "fused"``), as measured.
 
     Head dims above 128 keep the previous plan (32-token tiles, ~4 programs per SM): the
@@ -173,8 +173,6 @@ def decode_default_config(traits: Traits, sms: int | None = None) -> Config:
     if traits["page_size"] % 64 == 0:
         splits = decode_wave_splits(traits, DECODE_CTAS_PER_SM["tma"], sms)
         cfg = {"block_n": 64, "num_warps": 4, "num_stages": 2, "num_splits": splits, "tma": True}
-    elif decode_wave_splits(traits, DECODE_CTAS_PER_SM["wave"], sms) == 1:
-        cfg = {"block_n": 64, "num_warps": 4, "num_stages": 2, "num_splits": 1}
     elif decode_groups_fill_sms(traits, sms):
         cfg = {"block_n": 128, "num_warps": 8, "num_stages": 3, "num_splits": 1,
                "carry_pages": True}  # fmt: skip

@@ -109,7 +109,7 @@ def test_moe_variant_matches_reference_and_replays(tokens, cfg):
 @pytest.mark.parametrize(("page_size", "lens_a", "lens_b"), [
     (64, [2048] * 64, [100, 2047, 1, 0] * 16),  # TMA, one split
     (64, [8192] * 16, [8000, 3, 0, 4096] * 4),  # TMA, fused merge
-    (16, [2048] * 64, [1, 2048, 0, 513] * 16),  # pointer tiles, one split
+    (16, [2048] * 64, [1, 2048, 0, 513] * 16),  # carried 32-token tiles, one split
     (16, [8192] * 16, [8191, 2, 5000, 0] * 4),  # one wide program per (request, KV head)
     (16, [8192] * 8, [8191, 2, 5000, 0] * 2),  # carried page ids, fused merge
 ])  # fmt: skip
