@@ -113,6 +113,13 @@ def _register_sdpa_prefill() -> None:
 _PAGE_FOR_CUTE = TraitRule(
     "8, 16 or 32, or a multiple of 64", lambda v: v in (8, 16, 32) or (v > 0 and v % 64 == 0)
 )
+# Both CuTe decode entries (bf16 and FP8 caches) take the DeepSeek latent and 1-16 query tokens.
+_CUTE_DECODE_TRAITS = {
+    "kv_lora_rank": one_of(512),
+    "head_dim": one_of(576),
+    "q_len": between(1, 16),
+    "page_size": _PAGE_FOR_CUTE,
+}
 
 
 _CUTE_SM90 = Capability(
@@ -138,12 +145,7 @@ def _register_cute_decode() -> None:
         impl=f"{_PKG}.cute_decode:mla_decode",
         capability=_CUTE_SM90,
         signatures=[{"q": ("bfloat16",), "kv_cache": ("bfloat16",)}],
-        traits={
-            "kv_lora_rank": one_of(512),
-            "head_dim": one_of(576),
-            "q_len": between(1, 16),
-            "page_size": _PAGE_FOR_CUTE,
-        },
+        traits=dict(_CUTE_DECODE_TRAITS),
         priority=Priority.SPECIALIZED,
         tags=("deterministic",),
         description="CuTe DSL SM90 MLA decode: TMA ring, wgmma with KV tokens on M (up to "
@@ -157,12 +159,7 @@ def _register_cute_decode() -> None:
         impl=f"{_PKG}.cute_decode:mla_decode",
         capability=_CUTE_SM90,
         signatures=[{"q": ("bfloat16",), "kv_cache": FP8}],
-        traits={
-            "kv_lora_rank": one_of(512),
-            "head_dim": one_of(576),
-            "q_len": between(1, 16),
-            "page_size": _PAGE_FOR_CUTE,
-        },
+        traits=dict(_CUTE_DECODE_TRAITS),
         priority=Priority.SPECIALIZED,
         tags=("deterministic",),
         description="CuTe DSL SM90 MLA decode over an FP8 cache (blocks of up to 32 rows): "
