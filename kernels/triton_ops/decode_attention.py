@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .arrival import last_arrival, zeroed_buffer
 from .common import dot_precision
 from .configs import decode_default_config
 from .paged_tiles import kv_tile_rows, paged_kv_tile, tile_pages
@@ -256,21 +257,6 @@ def _merged_rows(part_out_ptr, part_lse_ptr, first_row, num_rows, head_ok,
     return acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
 
 
-@triton.jit
-def _last_arrival(counter_ptr, parts):
-    """True in exactly one of the ``parts`` programs that call this on one counter: the last.
-
-    Every thread's stores are ordered before the (acquire-release, GPU-scope) ticket by the
-    CTA barrier; the last program resets the counter, so it is zero again for the next call.
-    """
-    tl.debug_barrier()
-    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-    last = ticket == parts - 1
-    if last:
-        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
-    return last
-
-
 # -- split grid ------------------------------------------------------------------------------
 
 
@@ -337,7 +323,7 @@ def _decode_split_kernel(
             stride_pr, stride_ph, stride_lr, stride_lh, v_head_dim, BLOCK_DV,
         )  # fmt: skip
         if FUSED_MERGE:
-            if _last_arrival(counter_ptr + group_row, num_splits):
+            if last_arrival(counter_ptr + group_row, num_splits):
                 out = _merged_rows(
                     part_out_ptr, part_lse_ptr, group_row * num_splits, num_splits, head_ok,
                     stride_pr, stride_ph, stride_lr, stride_lh, BLOCK_H, BLOCK_DV,
@@ -383,29 +369,11 @@ def _decode_merge_kernel(
 
 # -- host side -------------------------------------------------------------------------------
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-# Buffers replaced by a bigger one stay allocated: a CUDA graph captured earlier still uses them.
-_RETIRED: list[torch.Tensor] = []
-
 
 def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
-    """Zeroed int32 counters for the fused merge, kept per device and reset by the kernels.
-
-    Cached so that a launch needs no memset; while a CUDA graph is being captured a buffer
-    cannot be created for later use (it would belong to the graph's pool), so a fresh zeroed
-    one is captured instead (the graph then replays its memset). One decode at a time per
-    device may use the cached buffer (the engine runs its forward on one stream).
-    """
-    buf = _COUNTERS.get(device)
-    if buf is not None and buf.numel() >= count:
-        return buf
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    fresh = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
-    if not capturing:
-        if buf is not None:
-            _RETIRED.append(buf)
-        _COUNTERS[device] = fresh
-    return fresh
+    """Zeroed int32 counters for the fused merge (``arrival.zeroed_buffer``), reset by the
+    kernels."""
+    return zeroed_buffer("decode_merge_counters", device, count)
 
 
 def tma_available(*caches: torch.Tensor) -> bool:
