@@ -126,8 +126,10 @@ def tuning_cases(model: ModelShapes, ops: Iterable[str], page_size: int = 16) ->
                      "n_group": m.n_group, "topk_group": m.topk_group}  # fmt: skip
             cases += [TuneCase(op, {"tokens": t, **route}) for t in TOKEN_COUNTS]
         elif op == "moe.experts" and m.is_moe:
+            # w2 stored as the runtime's FusedMoE keeps it ([E, I, H])
             moe = {"hidden": m.hidden, "intermediate": m.moe_intermediate,
-                   "num_experts": m.num_experts, "top_k": m.top_k}  # fmt: skip
+                   "num_experts": m.num_experts, "top_k": m.top_k,
+                   "w2_contiguous": "hidden"}  # fmt: skip
             cases += [TuneCase(op, {"tokens": t, **moe}) for t in MOE_TOKENS]
     return cases
 

@@ -149,6 +149,8 @@ def make_inputs(
         x = randn(tokens, hidden)
         w13 = randn(experts, 2 * inter, hidden, scale=hidden**-0.5)
         w2 = randn(experts, hidden, inter, scale=inter**-0.5)
+        if shape.get("w2_contiguous") == "hidden":  # stored [E, I, H], as the runtime keeps it
+            w2 = w2.transpose(1, 2).contiguous().transpose(1, 2)
         scores = torch.rand(tokens, experts, generator=gen)
         weights, ids = scores.topk(top_k, dim=-1)
         weights = (weights / weights.sum(-1, keepdim=True)).to(device)

@@ -37,7 +37,9 @@ Config = dict[str, Any]
 HEADS = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
 DECODE_SHAPES = ((64, 2048), (16, 8192))
 DECODE_PAGES = (16, 64)
-MOE = {"hidden": 2048, "intermediate": 768, "num_experts": 128, "top_k": 8}
+# ``w2_order``: "k" stores each expert's down projection [H, I] (the checkpoints' layout), "n"
+# stores it [I, H] and passes the [H, I] view (what the one-pass kernel needs); ``--w2-order``.
+MOE = {"hidden": 2048, "intermediate": 768, "num_experts": 128, "top_k": 8, "w2_order": "k"}
 MOE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MOE_TOKENS_QUICK = (1, 4, 16, 64, 256)
 TARGETS = {"decode": 0.95, "moe": 0.75}
@@ -66,7 +68,8 @@ class Case:
         d = self.dims
         if self.op == "decode":
             return f"decode b={d['batch']} kv={d['kv_len']} page={d['page_size']}"
-        return f"moe tokens={d['tokens']}"
+        order = "" if MOE["w2_order"] == "k" else f" w2={MOE['w2_order']}"
+        return f"moe tokens={d['tokens']}{order}"
 
 
 # -- decode variants -------------------------------------------------------------------------
@@ -156,8 +159,11 @@ PREVIOUS_MOE = {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "n
 def _moe_variants(tokens: int) -> Iterator[Variant]:
     from tokenspeed.kernels.triton_ops.configs import moe_default_config
 
-    default = moe_default_config({"num_tokens": tokens, "top_k": MOE["top_k"],
-                                  "num_experts": MOE["num_experts"]})  # fmt: skip
+    default = moe_default_config({
+        "num_tokens": tokens, "top_k": MOE["top_k"], "num_experts": MOE["num_experts"],
+        "hidden": MOE["hidden"],
+        "w2_contiguous": "hidden" if MOE["w2_order"] == "n" else "intermediate",
+    })  # fmt: skip
     previous = PREVIOUS_MOE_SMALL if tokens * MOE["top_k"] <= 64 else PREVIOUS_MOE
     fewer = {"align": "triton", "reduce": "triton"}
     yield "default", default, True
@@ -175,6 +181,26 @@ def _moe_variants(tokens: int) -> Iterator[Variant]:
                                              "num_warps": 4, "num_stages": 4,
                                              "down_block_n": 16, "down_block_k": 256,
                                              "down_num_warps": 4, "down_num_stages": 6}, True  # fmt: skip
+    if tokens <= 8 and MOE["w2_order"] == "n":
+        # One launch over both projections (needs w2 stored [I, H]); intermediate rows per step,
+        # stages, warps, programs per SM.
+        for rows, stages, warps, per_sm in (
+            (4, 3, 8, 1),
+            (4, 4, 8, 1),
+            (4, 2, 8, 1),
+            (4, 3, 16, 1),
+            (2, 6, 8, 1),
+            (2, 3, 4, 2),
+            (4, 3, 4, 1),
+        ):
+            yield (f"onepass-i{rows}-s{stages}-w{warps}-p{per_sm}",
+                   {"path": "onepass", "block_i": rows, "num_stages": stages,
+                    "num_warps": warps, "programs": per_sm * H200_SMS}, True)  # fmt: skip
+        yield "onepass-i4-s3-w8-p1-evict", {"path": "onepass", "block_i": 4, "num_stages": 3,
+                                            "num_warps": 8, "programs": H200_SMS,
+                                            "evict_first": 1}, True  # fmt: skip
+        yield "onepass-i4-s3-w8-g128", {"path": "onepass", "block_i": 4, "num_stages": 3,
+                                        "num_warps": 8, "programs": 128}, True  # fmt: skip
     if tokens <= 32:
         yield "sortfree-expert", {"path": "sortfree", "reduce": "triton", "block_m": 16,
                                   "block_n": 16 if tokens <= 4 else 32, "block_k": 128,
@@ -268,12 +294,15 @@ _WEIGHTS: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
 def _moe_weights(hidden: int, inter: int, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """All experts' ``w13``/``w2`` (1.2 GB at Qwen3-30B-A3B), made once for every batch size."""
-    key = (hidden, inter, experts, DEVICE, DTYPE)
+    key = (hidden, inter, experts, DEVICE, DTYPE, MOE["w2_order"])
     if key not in _WEIGHTS:
         gen = torch.Generator(device=DEVICE).manual_seed(0)
         w13 = torch.randn(experts, 2 * inter, hidden, generator=gen, device=DEVICE)
         w2 = torch.randn(experts, hidden, inter, generator=gen, device=DEVICE)
-        _WEIGHTS[key] = (w13.mul_(hidden**-0.5).to(DTYPE), w2.mul_(inter**-0.5).to(DTYPE))
+        w2 = w2.mul_(inter**-0.5).to(DTYPE)
+        if MOE["w2_order"] == "n":
+            w2 = w2.transpose(1, 2).contiguous().transpose(1, 2)
+        _WEIGHTS[key] = (w13.mul_(hidden**-0.5).to(DTYPE), w2)
     return _WEIGHTS[key]
 
 
@@ -595,6 +624,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variants", help="comma-separated variant labels to keep")
     parser.add_argument("--compile-workers", type=int, default=8,
                         help="processes that compile the kernels first (0: off)")  # fmt: skip
+    parser.add_argument("--w2-order", choices=("k", "n"), default="k",
+                        help="MoE down weights stored [H, I] (k) or [I, H] (n)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     return parser.parse_args(argv)
 
@@ -605,6 +636,7 @@ def _labels(arg: str | None) -> set[str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    MOE["w2_order"] = args.w2_order
     if args.dry_run:
         sms = _sms()
         for case in plan(args.only, args.quick, sms, _labels(args.variants)):

@@ -74,7 +74,9 @@ def fused_moe(
 ) -> torch.Tensor:
     """SiLU-gated experts: ``x[T,H]``, ``w13[E,2I,H]`` (gate rows, then up), ``w2[E,H,I]``.
 
-    Returns ``sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x)`` as ``[T, H]``.
+    Returns ``sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x)`` as ``[T, H]``. ``w2``
+    may be stored either way round (contiguous along I, or a transposed view contiguous
+    along H); the ``w2_contiguous`` trait tells the kernels which.
     """
     sel = dispatch(
         "moe",
@@ -87,6 +89,7 @@ def fused_moe(
             "intermediate": w2.shape[-1],
             "top_k": topk_ids.shape[-1],
             "num_tokens": bucket(x.shape[0]),
+            "w2_contiguous": "hidden" if w2.stride(1) == 1 else "intermediate",
         },
     )
     return sel.run(x, w13, w2, topk_weights, topk_ids)

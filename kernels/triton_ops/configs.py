@@ -250,6 +250,8 @@ def sdpa_extend_config_space(traits: Traits) -> list[Config]:
 # The sort-free tile holds one row per token (at least 16): past 16 tokens most of its rows
 # are masked, and it lost to the sorted path at 32 tokens (73.8% against 93.1%).
 MOE_SORTFREE_MAX_TOKENS = 16
+# The one-pass MoE (fused_moe_onepass.py) is the default up to this many tokens.
+MOE_ONEPASS_MAX_TOKENS = 4
 # The single-program Triton alignment and the Triton top-k sum were measured up to 256 tokens
 # at top-8 (2048 pairs); past that the GEMMs dominate and the torch ops stay.
 MOE_TRITON_ALIGN_MAX_PAIRS = 2048
@@ -275,6 +277,16 @@ def moe_default_config(traits: Traits) -> Config:
     pairs = tokens * top_k
     experts = max(1, traits["num_experts"])
     per_expert = pairs / experts
+    if traits.get("w2_contiguous") == "hidden" and tokens <= MOE_SORTFREE_MAX_TOKENS:
+        # w2 stored [E, I, H] (the runtime's FusedMoE): one launch over both projections up
+        # to MOE_ONEPASS_MAX_TOKENS (H200, 2026-12-02: 1 token 23.8-26.2 us over four runs
+        # against 26.5-27.7 us for the two launches below on [E, H, I]; 2 tokens 42.2-42.5
+        # against 44.5-44.9; 4 tokens 79.7-80.9, where [E, H, I] gave 76.1-77.8); then the
+        # sorted path with few launches (the token-major down GEMV wants [E, H, I]).
+        if tokens <= MOE_ONEPASS_MAX_TOKENS:
+            return {"path": "onepass", "num_warps": 8, "num_stages": 3}
+        return {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4,
+                "down_block_n": 64, "down_block_k": 128, "align": "triton", "reduce": "triton"}  # fmt: skip
     if tokens <= MOE_SORTFREE_MAX_TOKENS:  # one 16-row tile holds every token
         if 2 * pairs <= experts:
             # One token: six stages in the down GEMV (27.5-27.6 us against 28.3-30.4 us with
@@ -310,14 +322,19 @@ def moe_config_space(traits: Traits) -> list[Config]:
     ms = [16, 32] if per_expert <= 16 else [16, 32, 64, 128]
     ns = [16, 32, 64] if per_expert <= 16 else [32, 64, 128]
     space = [moe_default_config(traits)]
+    hidden_rows = traits.get("w2_contiguous") == "hidden"
+    if hidden_rows and tokens <= 8:  # the one-pass kernel needs w2 stored [E, I, H]
+        space += [{"path": "onepass", **c} for c in _grid(block_i=[1, 2, 4], num_warps=[4, 8],
+                                                            num_stages=[3, 4])]  # fmt: skip
     if tokens <= MOE_SORTFREE_MAX_TOKENS:
         gate_up = _grid(block_m=[16], block_n=[16, 32, 64], block_k=[128], num_warps=[4],
                         num_stages=[3, 4])  # fmt: skip
         token_down = _grid(down_block_n=[8, 16, 32], down_block_k=[128, 256, 512],
                            down_num_warps=[4], down_num_stages=[4, 6])  # fmt: skip
         expert_down = _grid(down_block_n=[32, 64], down_block_k=[128])
-        space += [{"path": "sortfree", "down": "token", **g, **d}
-                  for g in gate_up for d in token_down]  # fmt: skip
+        if not hidden_rows:  # its GEMV tiles read W2 rows along I
+            space += [{"path": "sortfree", "down": "token", **g, **d}
+                      for g in gate_up for d in token_down]  # fmt: skip
         space += [{"path": "sortfree", "reduce": "triton", **g, **d}
                   for g in gate_up for d in expert_down]  # fmt: skip
     tiles = _grid(block_m=ms, block_n=ns, block_k=[64, 128], num_warps=[4, 8],

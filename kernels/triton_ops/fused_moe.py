@@ -28,6 +28,10 @@ output row directly (no per-pair rows, no reduction launch). It reads an expert'
 per token that chose it, so it suits batches where tokens rarely share experts (the default
 while the pairs are at most half the experts: 1-8 tokens at 128 experts, top-8).
 
+Every path reads ``w2`` through its strides, stored ``[E, H, I]`` or ``[E, I, H]`` (a transposed
+view, as the runtime keeps it); ``path="onepass"`` (``fused_moe_onepass.py``: both projections
+in one launch, up to 8 tokens) needs the latter.
+
 Launch-config keys (absent: sorted path, torch alignment and sum, expert-major down):
 ``block_m``, ``block_n``, ``block_k``, ``num_warps``, ``num_stages`` (gate/up),
 ``down_block_n``, ``down_block_k``, ``down_num_warps``, ``down_num_stages``, ``align``,
@@ -50,6 +54,7 @@ from torch import Tensor
 
 from .common import dot_precision
 from .configs import moe_default_config
+from .fused_moe_onepass import fused_moe_onepass
 
 # The single-program alignment kernel holds every pair id in registers.
 ALIGN_MAX_PAIRS = 16384
@@ -193,7 +198,7 @@ def _gate_up_tile(
 
 @triton.jit
 def _down_tile(
-    act_ptr, w_base, rows, row_ok, n, hidden, inter, stride_act, stride_wn,
+    act_ptr, w_base, rows, row_ok, n, hidden, inter, stride_act, stride_wn, stride_wk,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -209,7 +214,7 @@ def _down_tile(
             other=0.0,
         )
         w = tl.load(
-            w_base + (k0 + kk)[:, None] + n[None, :] * stride_wn,
+            w_base + (k0 + kk)[:, None] * stride_wk + n[None, :] * stride_wn,
             mask=k_ok[:, None] & n_ok[None, :],
             other=0.0,
         )
@@ -265,7 +270,7 @@ def _gate_up_kernel(
 def _down_kernel(
     act_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr,
     num_pairs, num_experts, hidden, inter,
-    stride_act, stride_we, stride_wn, stride_out,
+    stride_act, stride_we, stride_wn, stride_wk, stride_out,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -278,7 +283,7 @@ def _down_kernel(
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = _down_tile(
             act_ptr, w2_ptr + expert * stride_we, rows, row_ok, n, hidden, inter,
-            stride_act, stride_wn, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+            stride_act, stride_wn, stride_wk, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
         _store_weighted(out_ptr, weights_ptr, rows, row_ok, n, hidden, stride_out, acc)
 
@@ -372,7 +377,7 @@ def _sortfree_gate_up_kernel(
 def _sortfree_down_kernel(
     act_ptr, w2_ptr, out_ptr, weights_ptr, ids_ptr,
     num_pairs, num_tokens, hidden, inter, top_k,
-    stride_act, stride_we, stride_wn, stride_out,
+    stride_act, stride_we, stride_wn, stride_wk, stride_out,
     DOT_PRECISION: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_TOPK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -388,7 +393,7 @@ def _sortfree_down_kernel(
                 rows = pair.to(tl.int64)
                 acc = _down_tile(
                     act_ptr, w2_ptr + expert * stride_we, rows, row_ok, n, hidden, inter,
-                    stride_act, stride_wn, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
+                    stride_act, stride_wn, stride_wk, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K,
                 )  # fmt: skip
                 _store_weighted(out_ptr, weights_ptr, rows, row_ok, n, hidden, stride_out, acc)
 
@@ -400,13 +405,14 @@ def _sortfree_down_kernel(
 def _token_down_tile(
     act_ptr, w2_ptr, out_ptr, weights_ptr, ids_ptr, t, n_tile,
     hidden, inter, top_k,
-    stride_act, stride_we, stride_wn, stride_out,
+    stride_act, stride_we, stride_wn, stride_wk, stride_out,
     NUM_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """``out[t, n] = sum_j w_tj * act[t*k+j] . W2[e_tj, n]``: a GEMV over the token's experts.
 
     One flat pipelined loop over (expert slot, K chunk); float32 accumulation in a fixed order.
-    Activations are read with ``.cg`` (they may have been written by this launch).
+    Activations are read with ``.cg`` (they may have been written by this launch). Its tiles
+    run along I: with ``w2`` stored [E, I, H] it is correct but slow (docs/kernels.md).
     """
     t = t.to(tl.int64)
     n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -424,7 +430,7 @@ def _token_down_tile(
         a = tl.load(act_ptr + pair * stride_act + k0 + kk, mask=k_ok, other=0.0,
                     cache_modifier=".cg")  # fmt: skip
         w = tl.load(
-            w2_ptr + expert * stride_we + n[:, None] * stride_wn + (k0 + kk)[None, :],
+            w2_ptr + expert * stride_we + n[:, None] * stride_wn + (k0 + kk)[None, :] * stride_wk,
             mask=n_ok[:, None] & k_ok[None, :],
             other=0.0,
         )
@@ -436,12 +442,12 @@ def _token_down_tile(
 def _token_down_kernel(
     act_ptr, w2_ptr, out_ptr, weights_ptr, ids_ptr,
     hidden, inter, top_k,
-    stride_act, stride_we, stride_wn, stride_out,
+    stride_act, stride_we, stride_wn, stride_wk, stride_out,
     NUM_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     _token_down_tile(
         act_ptr, w2_ptr, out_ptr, weights_ptr, ids_ptr, tl.program_id(0), tl.program_id(1),
-        hidden, inter, top_k, stride_act, stride_we, stride_wn, stride_out,
+        hidden, inter, top_k, stride_act, stride_we, stride_wn, stride_wk, stride_out,
         NUM_STAGES, BLOCK_N, BLOCK_K,
     )  # fmt: skip
 
@@ -466,7 +472,7 @@ def _topk_sum_kernel(
 def _check_config(cfg: Mapping[str, Any]) -> None:
     choices = {
         "align": ("torch", "triton"), "reduce": ("torch", "triton"),
-        "path": ("sorted", "sortfree"), "down": ("expert", "token"),
+        "path": ("sorted", "sortfree", "onepass"), "down": ("expert", "token"),
     }  # fmt: skip
     for key, allowed in choices.items():
         if cfg.get(key, allowed[0]) not in allowed:
@@ -493,8 +499,11 @@ def fused_moe(
     num_experts, two_inter, _ = w13.shape
     inter = two_inter // 2
     top_k = topk_ids.shape[1]
-    if x.stride(-1) != 1 or w13.stride(-1) != 1 or w2.stride(-1) != 1:
-        raise ValueError("fused_moe needs unit stride along the reduction dims")
+    if x.stride(-1) != 1 or w13.stride(-1) != 1 or 1 not in w2.stride()[1:]:
+        raise ValueError(
+            "fused_moe needs x and w13 contiguous along hidden, and w2 stored [E, H, I] or "
+            "[E, I, H] (unit stride along one of its last two dims)"
+        )
     if tokens == 0:
         return torch.empty_like(x)
     cfg = dict(
@@ -505,6 +514,9 @@ def fused_moe(
     pairs = tokens * top_k
     ids = topk_ids.reshape(-1)
     weights = topk_weights.reshape(-1).to(torch.float32)
+    if cfg.get("path") == "onepass":
+        ids = ids if ids.dtype == torch.int32 else ids.to(torch.int32)
+        return fused_moe_onepass(x, w13, w2, weights, ids, top_k, cfg)
     act = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
     if cfg.get("path", "sorted") == "sortfree":
         ids = ids if ids.dtype == torch.int32 else ids.to(torch.int32)
@@ -554,7 +566,7 @@ def _sorted_down(
     _down_kernel[(block_expert.numel(), triton.cdiv(hidden, down_n))](
         act, w2, pair_out, weights, sorted_ids, block_expert,
         act.shape[0], w2.shape[0], hidden, inter,
-        act.stride(0), w2.stride(0), w2.stride(1), pair_out.stride(0),
+        act.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), pair_out.stride(0),
         DOT_PRECISION=dot_precision(act.dtype), BLOCK_M=int(cfg["block_m"]), BLOCK_N=down_n,
         BLOCK_K=int(cfg.get("down_block_k", cfg["block_k"])), **_launch_opts(cfg, "down_"),
     )  # fmt: skip
@@ -596,7 +608,7 @@ def _sortfree_down(
     _sortfree_down_kernel[(pairs, triton.cdiv(hidden, down_n))](
         act, w2, pair_out, weights, ids,
         pairs, pairs // top_k, hidden, inter, top_k,
-        act.stride(0), w2.stride(0), w2.stride(1), pair_out.stride(0),
+        act.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), pair_out.stride(0),
         DOT_PRECISION=dot_precision(act.dtype), BLOCK_P=_pairs_block(pairs),
         BLOCK_TOPK=_topk_block(top_k),
         BLOCK_M=_sortfree_block_m(pairs, top_k, cfg), BLOCK_N=down_n,
@@ -621,7 +633,7 @@ def _token_down(
     _token_down_kernel[(tokens, triton.cdiv(hidden, down_n))](
         act, w2, out, weights, ids,
         hidden, inter, top_k,
-        act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        act.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), out.stride(0),
         NUM_STAGES=opts["num_stages"], BLOCK_N=down_n,
         BLOCK_K=int(cfg.get("down_block_k", 256)), num_warps=opts["num_warps"],
     )  # fmt: skip

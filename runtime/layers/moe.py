@@ -1,7 +1,9 @@
 """Mixture-of-experts block: router GEMM, ``kernels.moe_route``, ``kernels.fused_moe``.
 
 Experts are stored stacked — ``w13 [E, 2I, H]`` (gate rows then up rows) and ``w2 [E, H, I]`` —
-the layout ``fused_moe`` reads. Checkpoints come either per expert
+the shapes ``fused_moe`` reads; ``w2`` is kept in memory as ``[E, I, H]`` (a transposed view),
+so the down weights of one intermediate row are contiguous: the one-pass kernel of small
+batches streams both projections at once that way. Checkpoints come either per expert
 (``experts.{e}.gate_proj.weight``) or already fused (``experts.gate_up_proj``); both load.
 """
 
@@ -37,7 +39,8 @@ class FusedMoE(nn.Module):
             torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False
         )
         self.w2 = nn.Parameter(
-            torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False
+            torch.empty(num_experts, intermediate_size, hidden_size).transpose(1, 2),
+            requires_grad=False,
         )
         self.w13.weight_loader = self._load_w13  # type: ignore[attr-defined]
         self.w2.weight_loader = self._load_w2  # type: ignore[attr-defined]

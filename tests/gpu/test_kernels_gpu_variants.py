@@ -91,8 +91,10 @@ SMALL = {"block_m": 16, "block_n": 16, "block_k": 128, "num_warps": 4, "num_stag
          "down_block_n": 8, "down_block_k": 512, "down_num_stages": 4}  # fmt: skip
 
 
+@pytest.mark.parametrize("w2_order", ["k", "n"])
 @pytest.mark.parametrize(("tokens", "cfg"), MOE)
-def test_moe_variant_matches_reference_and_replays(tokens, cfg):
+def test_moe_variant_matches_reference_and_replays(tokens, cfg, w2_order):
+    """Each path with the down weights stored [E, H, I] (k) or [E, I, H] (n)."""
     from tokenspeed.kernels.reference.moe import fused_moe as ref
     from tokenspeed.kernels.triton_ops.fused_moe import fused_moe
     from tokenspeed.kernels.workloads import make_inputs
@@ -100,6 +102,9 @@ def test_moe_variant_matches_reference_and_replays(tokens, cfg):
     shape = {"tokens": tokens, "hidden": 2048, "intermediate": 768, "num_experts": 128,
              "top_k": 8}  # fmt: skip
     inputs = make_inputs("moe.experts", shape, torch.bfloat16, "cuda").args
+    if w2_order == "n":
+        x, w13, w2, weights, ids = inputs
+        inputs = (x, w13, w2.transpose(1, 2).contiguous().transpose(1, 2), weights, ids)
     config = {**SMALL, **cfg}
     eager, replayed = _captured(lambda i: fused_moe(*i, config=config), inputs)
     torch.testing.assert_close(eager.float(), ref(*inputs).float(), **BF16)
@@ -144,8 +149,11 @@ def test_default_decode_replays_with_new_tables_lengths_and_queries(page_size, l
     torch.testing.assert_close(out, call(), atol=0, rtol=0)  # same plan as an eager call
 
 
-@pytest.mark.parametrize("tokens", [1, 8, 16, 32, 256])
-def test_default_moe_replays_with_new_routing(tokens):
+@pytest.mark.parametrize("w2_order", ["k", "n"])
+@pytest.mark.parametrize("tokens", [1, 2, 4, 8, 16, 32, 256])
+def test_default_moe_replays_with_new_routing(tokens, w2_order):
+    """The registry's default for the down weights stored [E, H, I] (k) or, as the runtime
+    layer keeps them, [E, I, H] (n: the one-pass kernel up to four tokens)."""
     from tokenspeed import kernels
     from tokenspeed.kernels.reference.moe import fused_moe as ref
     from tokenspeed.kernels.workloads import make_inputs
@@ -153,6 +161,8 @@ def test_default_moe_replays_with_new_routing(tokens):
     shape = {"tokens": tokens, "hidden": 2048, "intermediate": 768, "num_experts": 128,
              "top_k": 8}  # fmt: skip
     x, w13, w2, weights, ids = make_inputs("moe.experts", shape, torch.bfloat16, "cuda").args
+    if w2_order == "n":
+        w2 = w2.transpose(1, 2).contiguous().transpose(1, 2)
     kernels.fused_moe(x, w13, w2, weights, ids)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -166,3 +176,41 @@ def test_default_moe_replays_with_new_routing(tokens):
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out.float(), ref(x, w13, w2, weights, ids).float(), **BF16)
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 3, 8])
+@pytest.mark.parametrize(("hidden", "inter", "experts"), [(2048, 768, 128), (7168, 2048, 16)])
+def test_onepass_moe_replays_with_new_routing_and_leaves_its_workspace_zeroed(
+    tokens, hidden, inter, experts
+):
+    """One launch over both projections (w2 stored [E, I, H]): the float32 workspace and the
+    arrival counter must be zero again after every call, eager or replayed, so replay after
+    replay with new inputs stays right."""
+    from tokenspeed.kernels.reference.moe import fused_moe as ref
+    from tokenspeed.kernels.triton_ops import arrival
+    from tokenspeed.kernels.triton_ops.fused_moe import fused_moe
+    from tokenspeed.kernels.workloads import make_inputs
+
+    shape = {"tokens": tokens, "hidden": hidden, "intermediate": inter,
+             "num_experts": experts, "top_k": 8}  # fmt: skip
+    x, w13, w2, weights, ids = make_inputs("moe.experts", shape, torch.bfloat16, "cuda").args
+    w2 = w2.transpose(1, 2).contiguous().transpose(1, 2)
+    config = {"path": "onepass", "block_i": 4 if hidden <= 2048 else 1, "num_stages": 3,
+              "num_warps": 8}  # fmt: skip
+    eager = fused_moe(x, w13, w2, weights, ids, config=config)
+    torch.testing.assert_close(eager.float(), ref(x, w13, w2, weights, ids).float(), **BF16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe(x, w13, w2, weights, ids, config=config)
+    for seed in range(1, 6):
+        _, _, _, weights_b, ids_b = make_inputs("moe.experts", shape, torch.bfloat16, "cuda",
+                                                seed=seed).args  # fmt: skip
+        x.copy_(torch.randn_like(x))
+        weights.copy_(weights_b)
+        ids.copy_(ids_b)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), ref(x, w13, w2, weights, ids).float(), **BF16)
+    for (name, _, dtype), buf in arrival._BUFFERS.items():
+        if name.startswith("moe_onepass"):
+            assert not buf.any(), f"{name} ({dtype}) left non-zero"

@@ -88,7 +88,8 @@ def test_the_run_records_every_case_and_survives_broken_variants(sweep, monkeypa
     small = {"DEVICE": "cpu", "DTYPE": torch.float32, "DECODE_SHAPES": ((3, 100),),
              "DECODE_PAGES": (16,), "MOE_TOKENS_QUICK": (1, 3),
              "HEADS": {"num_q_heads": 8, "num_kv_heads": 2, "head_dim": 32},
-             "MOE": {"hidden": 64, "intermediate": 32, "num_experts": 8, "top_k": 2}}  # fmt: skip
+             "MOE": {"hidden": 64, "intermediate": 32, "num_experts": 8, "top_k": 2,
+                     "w2_order": "k"}}  # fmt: skip
     for name, value in small.items():
         monkeypatch.setattr(sweep, name, value)
     monkeypatch.setattr(sweep, "_sms", lambda: 2)
