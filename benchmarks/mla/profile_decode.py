@@ -1,0 +1,50 @@
+"""One CuTe MLA decode call at FlashMLA's shape, bracketed for Nsight Compute.
+
+    ncu --profile-from-start off --set full -o REPORT \\
+        python3 benchmarks/mla/profile_decode.py --heads 32 [--config '{"layout": "heads"}']
+
+Builds the inputs of ``sweep_decode.py`` (batch 128 x 4096 tokens, page 64, bf16), runs the
+call twice unprofiled (compile, warm caches' state), then once between
+``cudaProfilerStart``/``Stop`` so that only that call's kernels are profiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweep_decode import KV_LEN, SCALE, _inputs  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--q-len", type=int, default=1)
+    parser.add_argument("--config", default="{}", help="cute_decode config (JSON)")
+    args = parser.parse_args(argv)
+    from tokenspeed.mla import cute_decode
+
+    inp = _inputs(args.heads, args.q_len)
+    cfg = json.loads(args.config)
+
+    def call() -> None:
+        cute_decode.mla_decode(inp["q"], inp["cache"], inp["tables"], inp["seq"], SCALE,
+                               max_seq_len=KV_LEN, config=cfg)  # fmt: skip
+
+    for _ in range(2):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
