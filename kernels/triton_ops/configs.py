@@ -250,18 +250,26 @@ def sdpa_extend_config_space(traits: Traits) -> list[Config]:
 # The sort-free tile holds one row per token (at least 16): past 16 tokens most of its rows
 # are masked, and it lost to the sorted path at 32 tokens (73.8% against 93.1%).
 MOE_SORTFREE_MAX_TOKENS = 16
-# The one-pass MoE (fused_moe_onepass.py) is the default up to this many tokens.
+# The one-pass MoE (fused_moe_onepass.py) is the default up to this many tokens; it holds
+# weight tiles of [block_i, next_pow2(hidden)] elements, at most MOE_ONEPASS_MAX_TILE.
 MOE_ONEPASS_MAX_TOKENS = 4
+MOE_ONEPASS_MAX_TILE = 16384
 # The single-program Triton alignment and the Triton top-k sum were measured up to 256 tokens
 # at top-8 (2048 pairs); past that the GEMMs dominate and the torch ops stay.
 MOE_TRITON_ALIGN_MAX_PAIRS = 2048
 
 
-def moe_default_config(traits: Traits) -> Config:
-    """By token count and expert sharing; the H200 sweep's winners (2026-12-01, Qwen3-30B-A3B:
-    128 experts, top-8, hidden 2048, intermediate 768).
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
-    - At most 16 tokens: the sort-free path (no alignment; one program row per pair, the
+
+def moe_default_config(traits: Traits) -> Config:
+    """By token count, expert sharing and how ``w2`` is stored; the H200 sweeps' winners
+    (Qwen3-30B-A3B: 128 experts, top-8, hidden 2048, intermediate 768).
+
+    - ``w2`` contiguous along H (``[E, I, H]`` storage, the runtime's; 2026-12-02): the one-pass
+      kernel up to 4 tokens, the sorted path with Triton align + sum up to 16, then as below.
+    - Otherwise, at most 16 tokens: the sort-free path (no alignment; one program row per pair, the
       expert's first pair runs its tile). While tokens rarely share an expert (pairs <= half
       the experts: 1-8 tokens at 128/top-8) the down projection runs token-major as a GEMV
       over each token's experts, which writes the output rows directly (63.8% / 79.4% /
@@ -283,7 +291,8 @@ def moe_default_config(traits: Traits) -> Config:
         # against 26.5-27.7 us for the two launches below on [E, H, I]; 2 tokens 42.2-42.5
         # against 44.5-44.9; 4 tokens 79.7-80.9, where [E, H, I] gave 76.1-77.8); then the
         # sorted path with few launches (the token-major down GEMV wants [E, H, I]).
-        if tokens <= MOE_ONEPASS_MAX_TOKENS:
+        fits = _pow2_at_least(int(traits.get("hidden", 0))) <= MOE_ONEPASS_MAX_TILE
+        if tokens <= MOE_ONEPASS_MAX_TOKENS and fits:
             return {"path": "onepass", "num_warps": 8, "num_stages": 3}
         return {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4,
                 "down_block_n": 64, "down_block_k": 128, "align": "triton", "reduce": "triton"}  # fmt: skip
@@ -323,8 +332,10 @@ def moe_config_space(traits: Traits) -> list[Config]:
     ns = [16, 32, 64] if per_expert <= 16 else [32, 64, 128]
     space = [moe_default_config(traits)]
     hidden_rows = traits.get("w2_contiguous") == "hidden"
-    if hidden_rows and tokens <= 8:  # the one-pass kernel needs w2 stored [E, I, H]
-        space += [{"path": "onepass", **c} for c in _grid(block_i=[1, 2, 4], num_warps=[4, 8],
+    width = _pow2_at_least(int(traits.get("hidden", 0)))
+    if hidden_rows and tokens <= 8 and width <= MOE_ONEPASS_MAX_TILE:  # needs w2 [E, I, H]
+        rows = [r for r in (1, 2, 4) if r * width <= MOE_ONEPASS_MAX_TILE]
+        space += [{"path": "onepass", **c} for c in _grid(block_i=rows, num_warps=[4, 8],
                                                             num_stages=[3, 4])]  # fmt: skip
     if tokens <= MOE_SORTFREE_MAX_TOKENS:
         gate_up = _grid(block_m=[16], block_n=[16, 32, 64], block_k=[128], num_warps=[4],

@@ -29,11 +29,10 @@ import triton
 import triton.language as tl
 
 from .arrival import last_arrival, zeroed_buffer
+from .configs import MOE_ONEPASS_MAX_TILE as ONEPASS_MAX_TILE
 
 # Tokens one launch handles: each program keeps [BLOCK_T, hidden] float32 partial outputs.
 ONEPASS_MAX_TOKENS = 8
-# Elements of one weight tile ([block_i, next_pow2(hidden)]) held per step.
-ONEPASS_MAX_TILE = 16384
 
 
 @triton.jit

@@ -112,6 +112,14 @@ def test_hidden_contiguous_down_weights_select_the_onepass_path_for_few_tokens()
         cfg = configs.moe_default_config({**qwen, "num_tokens": tokens,
                                           "w2_contiguous": "hidden"})  # fmt: skip
         assert cfg.get("path", "sorted") == "sorted" and cfg["align"] == "triton"
+    # DeepSeek-V3's hidden 7168 still fits one-row tiles; a hidden past 16384 does not.
+    v3 = {"top_k": 8, "num_experts": 256, "num_tokens": 1, "w2_contiguous": "hidden"}
+    assert configs.moe_default_config({**v3, "hidden": 7168})["path"] == "onepass"
+    wide = {**v3, "hidden": 20000}
+    assert configs.moe_default_config(wide).get("path", "sorted") == "sorted"
+    assert not any(c.get("path") == "onepass" for c in configs.moe_config_space(wide))
+    assert {c["block_i"] for c in configs.moe_config_space({**v3, "hidden": 7168})
+            if c.get("path") == "onepass" and "block_i" in c} == {1, 2}  # fmt: skip
     # The checkpoint layout keeps the two-launch defaults.
     cfg = configs.moe_default_config({**qwen, "num_tokens": 1, "w2_contiguous": "intermediate"})
     assert cfg["path"] == "sortfree" and cfg["down"] == "token"
