@@ -87,6 +87,8 @@ MOE = [
     (64, {"align": "triton", "reduce": "triton"}),
     (256, {"align": "triton", "reduce": "triton", "block_m": 32, "block_n": 64, "block_k": 64}),
 ]  # fmt: skip
+# w2 stored [E, H, I] ("k", the checkpoints') or [E, I, H] ("n", the runtime layer's)
+W2_CONTIGUOUS = {"k": "intermediate", "n": "hidden"}
 SMALL = {"block_m": 16, "block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 4,
          "down_block_n": 8, "down_block_k": 512, "down_num_stages": 4}  # fmt: skip
 
@@ -100,11 +102,8 @@ def test_moe_variant_matches_reference_and_replays(tokens, cfg, w2_order):
     from tokenspeed.kernels.workloads import make_inputs
 
     shape = {"tokens": tokens, "hidden": 2048, "intermediate": 768, "num_experts": 128,
-             "top_k": 8}  # fmt: skip
+             "top_k": 8, "w2_contiguous": W2_CONTIGUOUS[w2_order]}  # fmt: skip
     inputs = make_inputs("moe.experts", shape, torch.bfloat16, "cuda").args
-    if w2_order == "n":
-        x, w13, w2, weights, ids = inputs
-        inputs = (x, w13, w2.transpose(1, 2).contiguous().transpose(1, 2), weights, ids)
     config = {**SMALL, **cfg}
     eager, replayed = _captured(lambda i: fused_moe(*i, config=config), inputs)
     torch.testing.assert_close(eager.float(), ref(*inputs).float(), **BF16)
@@ -155,21 +154,28 @@ def test_default_moe_replays_with_new_routing(tokens, w2_order):
     """The registry's default for the down weights stored [E, H, I] (k) or, as the runtime
     layer keeps them, [E, I, H] (n: the one-pass kernel up to four tokens)."""
     from tokenspeed import kernels
-    from tokenspeed.kernels.reference.moe import fused_moe as ref
     from tokenspeed.kernels.workloads import make_inputs
 
     shape = {"tokens": tokens, "hidden": 2048, "intermediate": 768, "num_experts": 128,
-             "top_k": 8}  # fmt: skip
-    x, w13, w2, weights, ids = make_inputs("moe.experts", shape, torch.bfloat16, "cuda").args
-    if w2_order == "n":
-        w2 = w2.transpose(1, 2).contiguous().transpose(1, 2)
-    kernels.fused_moe(x, w13, w2, weights, ids)
+             "top_k": 8, "w2_contiguous": W2_CONTIGUOUS[w2_order]}  # fmt: skip
+    inputs = make_inputs("moe.experts", shape, torch.bfloat16, "cuda").args
+    kernels.fused_moe(*inputs)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = kernels.fused_moe(x, w13, w2, weights, ids)
+        out = kernels.fused_moe(*inputs)
+    _replay_with_new_routing(graph, out, inputs, shape, seed=7)
+
+
+def _replay_with_new_routing(graph, out, inputs, shape, seed):
+    """New activations and another seed's routing copied into the captured inputs, one
+    replay, and the output checked against the reference on those inputs."""
+    from tokenspeed.kernels.reference.moe import fused_moe as ref
+    from tokenspeed.kernels.workloads import make_inputs
+
+    x, w13, w2, weights, ids = inputs
     _, _, _, weights_b, ids_b = make_inputs("moe.experts", shape, torch.bfloat16, "cuda",
-                                            seed=7).args  # fmt: skip
+                                            seed=seed).args  # fmt: skip
     x.copy_(torch.randn_like(x))
     weights.copy_(weights_b)
     ids.copy_(ids_b)
@@ -192,25 +198,17 @@ def test_onepass_moe_replays_with_new_routing_and_leaves_its_workspace_zeroed(
     from tokenspeed.kernels.workloads import make_inputs
 
     shape = {"tokens": tokens, "hidden": hidden, "intermediate": inter,
-             "num_experts": experts, "top_k": 8}  # fmt: skip
-    x, w13, w2, weights, ids = make_inputs("moe.experts", shape, torch.bfloat16, "cuda").args
-    w2 = w2.transpose(1, 2).contiguous().transpose(1, 2)
+             "num_experts": experts, "top_k": 8, "w2_contiguous": "hidden"}  # fmt: skip
+    inputs = make_inputs("moe.experts", shape, torch.bfloat16, "cuda").args
     config = {"path": "onepass", "block_i": 4 if hidden <= 2048 else 1, "num_stages": 3,
               "num_warps": 8}  # fmt: skip
-    eager = fused_moe(x, w13, w2, weights, ids, config=config)
-    torch.testing.assert_close(eager.float(), ref(x, w13, w2, weights, ids).float(), **BF16)
+    eager = fused_moe(*inputs, config=config)
+    torch.testing.assert_close(eager.float(), ref(*inputs).float(), **BF16)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fused_moe(x, w13, w2, weights, ids, config=config)
+        out = fused_moe(*inputs, config=config)
     for seed in range(1, 6):
-        _, _, _, weights_b, ids_b = make_inputs("moe.experts", shape, torch.bfloat16, "cuda",
-                                                seed=seed).args  # fmt: skip
-        x.copy_(torch.randn_like(x))
-        weights.copy_(weights_b)
-        ids.copy_(ids_b)
-        graph.replay()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(out.float(), ref(x, w13, w2, weights, ids).float(), **BF16)
+        _replay_with_new_routing(graph, out, inputs, shape, seed)
     for (name, _, dtype), buf in arrival._BUFFERS.items():
         if name.startswith("moe_onepass"):
             assert not buf.any(), f"{name} ({dtype}) left non-zero"
