@@ -149,7 +149,7 @@ def _register_cute_decode() -> None:
         priority=Priority.SPECIALIZED,
         tags=("deterministic",),
         description="CuTe DSL SM90 MLA decode: TMA ring, wgmma with KV tokens on M (up to "
-        "32 rows per request) or 64 rows on M in two alternating warp groups (64+)",
+        "32 rows per request) or 64 rows on M, two warp groups scoring a pair of tiles (64+)",
     )
     register_kernel(
         "mla",

@@ -212,14 +212,16 @@ def cute_decode_plan(
 ) -> dict[str, int]:  # fmt: skip
     """Launch of the CuTe SM90 decode, from shapes only.
 
-    Two kernels: ``layout="tokens"`` (``cute_decode.py``: KV tokens on the MMA M axis, 16, 32
-    or 64 rows (query token x head pairs) to a CTA, nothing padded) and ``layout="heads"``
-    (``cute_seesaw.py``: 64 rows on M, two warp groups taking turns on the softmax). Up to
-    32 rows per request the tokens layout is faster (padding 16 or 32 rows to 64 costs the
-    heads layout more than its better tensor-core feed wins back); from 64 rows on the heads
-    layout is (H200, 2026-12-01: docs/mla.md). A page of 64+ tokens must hold whole 64-token
-    tiles; one CTA fills an SM (the ring of 72 KiB tiles takes most of its shared memory),
-    which sizes the split count.
+    Three kernels: ``layout="tokens"`` (``cute_decode.py``: KV tokens on the MMA M axis, 16,
+    32 or 64 rows (query token x head pairs) to a CTA, nothing padded), ``layout="pairs"``
+    (``cute_seesaw_pairs.py``: 64 rows on M, each of two warp groups scoring its own tile of a
+    pair) and ``layout="heads"`` (``cute_seesaw.py``: 64 rows on M, the groups taking turns on
+    one tile's softmax). Up to 32 rows per request the tokens layout is faster (padding 16 or
+    32 rows to 64 costs the other two more than their better tensor-core feed wins back);
+    from 64 rows on the pairs layout is: 1.05x the heads layout at 64 heads and 1.21x at 128
+    (H200, 2026-12-02: docs/mla.md). A page of 64+ tokens must hold whole 64-token tiles;
+    one CTA fills an SM (the ring of 72 KiB tiles takes most of its shared memory), which
+    sizes the split count.
 
     An FP8 cache (``fp8``, ``cute_decode_fp8.py``) takes the tokens layout in blocks of 16
     or 32 rows (more rows: more blocks, each reading the cache; 2.1x faster than the Triton
@@ -240,10 +242,10 @@ def cute_decode_plan(
         # more rows than 32 run in blocks of 32, each CTA reading its split of the cache
         cfg = {"stages": 2, "fp8_stages": 1, "converter_wgs": 2, "wgs": 1,
                "layout": "tokens", "rows": 16 if rows_per_req <= 16 else 32, **cfg}  # fmt: skip
-    layout = str(cfg.get("layout", "tokens" if rows_per_req <= 32 else "heads"))
-    if layout not in ("tokens", "heads"):
-        raise ValueError(f"layout={layout!r}: expected 'tokens' or 'heads'")
-    if layout == "heads":
+    layout = str(cfg.get("layout", "tokens" if rows_per_req <= 32 else "pairs"))
+    if layout not in ("tokens", "heads", "pairs"):
+        raise ValueError(f"layout={layout!r}: expected 'tokens', 'heads' or 'pairs'")
+    if layout in ("heads", "pairs"):
         rows, wgs = 64, 2
     else:
         rows = int(cfg.get("rows", 16 if rows_per_req <= 16 else 32 if rows_per_req <= 32 else 64))

@@ -149,10 +149,12 @@ def _mla_decode_fp8_args(heads: int, page_size: int, *, split: bool, per_token: 
 
 
 def main() -> None:
-    """Report the MLA decode kernels: KV tokens on M (16/64 rows), 64 rows on M, FP8."""
+    """Report the MLA decode kernels: KV tokens on M (16/64 rows), 64 rows on M (seesaw of
+    one tile, of pairs), FP8."""
     from tokenspeed.mla.cute_decode import MlaDecodeSm90
     from tokenspeed.mla.cute_decode_fp8 import MlaDecodeFp8Sm90
     from tokenspeed.mla.cute_seesaw import MlaDecodeSeesawSm90
+    from tokenspeed.mla.cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
 
     cases = [
         ("tokens-on-M, 16 rows, page 64", MlaDecodeSm90(16, 1, 64, 2, False, True), 16, 64, 0),
@@ -160,6 +162,7 @@ def main() -> None:
          16, 1),
         ("rows-on-M seesaw, page 64", MlaDecodeSeesawSm90(64, False, True), 64, 64, 0),
         ("rows-on-M seesaw, page 16, split", MlaDecodeSeesawSm90(16, True, False), 64, 16, 1),
+        ("rows-on-M pairs, page 64", MlaDecodeSeesawPairsSm90(64, False, True, True), 64, 64, 0),
     ]  # fmt: skip
     for name, kernel, heads, page, split in cases:
         report = compile_report(kernel, *_mla_decode_args(heads, page, split=bool(split)))

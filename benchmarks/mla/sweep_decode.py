@@ -104,6 +104,10 @@ def variants(
             configs.append(("cute tokens 2 groups", {"layout": "tokens", "wgs": 2}))
         else:
             configs.append(("cute tokens", {"layout": "tokens"}))
+            configs.append(("cute heads", {"layout": "heads"}))
+            configs.append(("cute pairs", {"layout": "pairs"}))
+            configs.append(("cute pairs plain", {"layout": "pairs", "evict_first": 0}))
+            configs.append(("cute pairs x2", {"layout": "pairs", "num_splits": 2}))
         configs += [("cute plain loads", {"evict_first": 0})]  # no L2 evict-first hint
         configs += [
             (f"cute ablation {a}", {"ablation": a})

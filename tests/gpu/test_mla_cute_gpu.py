@@ -64,13 +64,16 @@ def _check(out, lse, exp, exp_lse, seq):
     assert torch.all(out[~live] == 0) and torch.all(lse[~live] == float("-inf"))
 
 
-# the two kernels: KV tokens on M, and 64 rows on M with two warp groups taking turns; each
-# also with plain KV loads (no L2 evict-first hint)
+# the three kernels: KV tokens on M; 64 rows on M with two warp groups taking turns on a
+# tile; 64 rows on M with each group scoring its own tile of a pair; each also with plain KV
+# loads (no L2 evict-first hint)
 LAYOUTS = {
     "tokens": {"layout": "tokens"},
     "heads": {"layout": "heads"},
+    "pairs": {"layout": "pairs"},
     "tokens plain": {"layout": "tokens", "evict_first": 0},
     "heads plain": {"layout": "heads", "evict_first": 0},
+    "pairs plain": {"layout": "pairs", "evict_first": 0},
 }
 
 
@@ -95,11 +98,12 @@ def test_page_sizes(page, layout):
     _check(out, lse, *_expected(q, cache, tables, seq), seq)
 
 
-def test_heads_layout_odd_rows_and_three_query_tokens():
+@pytest.mark.parametrize("layout", ["heads", "pairs"])
+def test_heads_layout_odd_rows_and_three_query_tokens(layout):
     """48 rows per request (16 heads x 3 tokens) pad a 64-row block; the causal block holds."""
     lens = [513, 3, 64, 2048]
     q, cache, tables, seq = _problem(lens, 16, 3, 64, seed=7)
-    out, lse = _run(q, cache, tables, seq, num_splits=2, config={"layout": "heads"})
+    out, lse = _run(q, cache, tables, seq, num_splits=2, config={"layout": layout})
     _check(out, lse, *_expected(q, cache, tables, seq), seq)
 
 
@@ -115,18 +119,20 @@ def test_without_lse_and_with_workspace():
     torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
 
 
-def test_cuda_graph_replay_with_new_lengths():
+@pytest.mark.parametrize("heads,config", [(32, None), (128, {"layout": "pairs"})])
+def test_cuda_graph_replay_with_new_lengths(heads, config):
     from tokenspeed.mla import configs, cute_decode
 
     lens = [900, 300]
-    q, cache, tables, seq = _problem(lens, 32, 1, 64, seed=5)
-    out = torch.empty(2, 1, 32, 512, dtype=torch.bfloat16, device="cuda")
-    plan = configs.cute_decode_plan(2, 1, 32, tables.shape[1] * 64, 64, num_splits=2)
+    q, cache, tables, seq = _problem(lens, heads, 1, 64, seed=5)
+    out = torch.empty(2, 1, heads, 512, dtype=torch.bfloat16, device="cuda")
+    plan = configs.cute_decode_plan(2, 1, heads, tables.shape[1] * 64, 64, num_splits=2,
+                                    config=config)  # fmt: skip
     workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device="cuda")
 
     def step():
         cute_decode.mla_decode(q, cache, tables, seq, SCALE, out=out, num_splits=2,
-                               workspace=workspace)  # fmt: skip
+                               workspace=workspace, config=config)  # fmt: skip
 
     step()  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
@@ -154,7 +160,7 @@ def test_registry_picks_it_and_plans_its_workspace():
     torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("layout,heads", [("heads", 32), ("tokens", 48)])
+@pytest.mark.parametrize("layout,heads", [("heads", 32), ("pairs", 32), ("tokens", 48)])
 def test_one_request_smaller_than_a_row_block(layout, heads):
     """One request of fewer rows than the CTA's block: the query is padded for the TMA box."""
     q, cache, tables, seq = _problem([700], heads, 1, 64, seed=heads)

@@ -124,16 +124,20 @@ def test_cute_decode_plan_rows_groups_pages_and_workspace():
     assert plan["layout"] == "tokens"
     assert (plan["rows"], plan["wgs"], plan["row_blocks"], plan["page_block"]) == (16, 1, 1, 64)
     plan = configs.cute_decode_plan(8, 2, 128, 4096, 16, num_splits=3)
-    assert plan["layout"] == "heads"
+    assert plan["layout"] == "pairs"
     assert (plan["rows"], plan["wgs"], plan["row_blocks"], plan["page_block"]) == (64, 2, 4, 16)
     assert plan["workspace_bytes"] == 8 * 2 * 128 * 3 * 513 * 4
-    # up to 32 rows per request the tokens layout; from 64 the heads layout (64-row blocks)
+    # up to 32 rows per request the tokens layout; from 64 the pairs layout (64-row blocks)
     plan = configs.cute_decode_plan(8, 1, 32, 4096, 64)
     assert (plan["layout"], plan["rows"], plan["wgs"]) == ("tokens", 32, 1)
     plan = configs.cute_decode_plan(8, 1, 64, 4096, 64)
-    assert (plan["layout"], plan["rows"], plan["row_blocks"]) == ("heads", 64, 1)
-    plan = configs.cute_decode_plan(8, 1, 32, 4096, 64, config={"layout": "heads"})
-    assert (plan["layout"], plan["rows"], plan["row_blocks"]) == ("heads", 64, 1)
+    assert (plan["layout"], plan["rows"], plan["row_blocks"]) == ("pairs", 64, 1)
+    plan = configs.cute_decode_plan(8, 3, 16, 4096, 64)  # 48 rows: one padded 64-row block
+    assert (plan["layout"], plan["rows"], plan["row_blocks"]) == ("pairs", 64, 1)
+    for layout in ("heads", "pairs"):  # either 64-row kernel on request, at any row count
+        plan = configs.cute_decode_plan(8, 1, 32, 4096, 64, config={"layout": layout})
+        got = (plan["layout"], plan["rows"], plan["wgs"], plan["row_blocks"])
+        assert got == (layout, 64, 2, 1)
     with pytest.raises(ValueError, match="layout"):
         configs.cute_decode_plan(8, 1, 32, 4096, 64, config={"layout": "diagonal"})
     # KV tiles load under the L2 evict-first hint unless a config turns it off
