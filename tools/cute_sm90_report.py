@@ -3,12 +3,12 @@
 Device time is scarce. CuTe DSL lowers a kernel to PTX before it needs a driver; only the JIT
 step at the end does. With that step stubbed out, the PTX lands in a dump folder, and
 ``ptxas -v`` and ``cuobjdump`` (Triton ships one) answer most questions about the kernel: its
-registers and spills, whether ptxas serialises the wgmma instructions (warning C7514, which
-costs far more than any schedule tweak), how many HGMMA instructions and barriers each path
-has. Layout questions can be settled the same way, by printing static layouts inside a
+registers and spills, whether ptxas serialises the wgmma instructions (warnings C7511, C7514,
+C7515, which cost far more than any schedule tweak), how many HGMMA instructions and barriers
+each path has, and the code size (a large kernel's hot loop can stall on instruction fetch). Layout questions can be settled the same way, by printing static layouts inside a
 ``cute.jit`` function.
 
-    python tools/cute_sm90_report.py            # both MLA decode kernels, a few variants
+    python tools/cute_sm90_report.py            # the MLA decode kernels, a few variants
     from tools.cute_sm90_report import compile_report
     print(compile_report(kernel_object, *example_args))   # any CuTe kernel
 
@@ -43,15 +43,18 @@ class CuteReport:
 
     registers: int
     spill_bytes: int
-    wgmma_serialised: bool  # ptxas C7514: every wgmma waits for the previous one
+    wgmma_serialised: bool  # ptxas C7511/C7514/C7515: every wgmma waits for the previous one
     hgmma: int  # static SASS counts
     named_barriers: int
+    instructions: int  # code size: a large kernel's hot loop can stall on instruction fetch
+    branches: int
     warnings: tuple[str, ...]
 
     def __str__(self) -> str:
-        flag = "  ** wgmma serialised (C7514) **" if self.wgmma_serialised else ""
+        flag = "  ** wgmma serialised (C7511/C7514/C7515) **" if self.wgmma_serialised else ""
         return (f"{self.registers} registers, {self.spill_bytes} B spilled, {self.hgmma} HGMMA, "
-                f"{self.named_barriers} BAR instructions{flag}")  # fmt: skip
+                f"{self.named_barriers} BAR, {self.instructions} instructions, "
+                f"{self.branches} BRA{flag}")  # fmt: skip
 
 
 def _stub_jit() -> None:
@@ -103,9 +106,11 @@ def compile_report(kernel: Any, *args: Any) -> CuteReport:
     return CuteReport(
         registers=registers,
         spill_bytes=spills,
-        wgmma_serialised=any("C7514" in w for w in warnings),
+        wgmma_serialised=any(code in w for w in warnings for code in ("C7511", "C7514", "C7515")),
         hgmma=len(re.findall(r"\bHGMMA\.", sass)),
         named_barriers=len(re.findall(r"\bBAR\.(?:SYNC|ARV)", sass)),
+        instructions=len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+\S", sass)),
+        branches=len(re.findall(r"\bBRA\b", sass)),
         warnings=warnings,
     )
 
