@@ -99,7 +99,7 @@ def test_page_sizes(page, layout):
 
 
 @pytest.mark.parametrize("layout", ["heads", "pairs"])
-def test_heads_layout_odd_rows_and_three_query_tokens(layout):
+def test_64_row_layouts_pad_odd_rows_and_three_query_tokens(layout):
     """48 rows per request (16 heads x 3 tokens) pad a 64-row block; the causal block holds."""
     lens = [513, 3, 64, 2048]
     q, cache, tables, seq = _problem(lens, 16, 3, 64, seed=7)
