@@ -68,7 +68,62 @@ _BAR_CONSUMERS = 5  # both consumer warp groups (epilogue)
 _PAIR = 256  # threads of the two consumer warp groups
 
 
-class MlaDecodeSeesawSm90(KvRingProducer):
+class TwoGroupRows:
+    """The epilogue both 64-row kernels share: two consumer warp groups, each holding half of
+    ``O``'s 512 dims for the same 64 rows and the denominators of the tiles it exponentiated.
+
+    A kernel sets ``split`` (write fp32 partials and base-2 LSEs for the merge) and
+    ``write_lse``.
+    """
+
+    @cute.jit
+    def _finish_rows(
+        self, acc_o, coords_o, l_own, m_run, s_sum, my_rows, wg, lane, b, split, rows_per_req,
+        row0, num_splits, m_out, m_lse, m_part_o, m_part_lse,
+    ):  # fmt: skip
+        """Add the two groups' denominators, normalise this group's half of ``O`` and write
+        it (and, from group 0, the rows' LSE); rows past the request are not written."""
+        for h in cutlass.range_constexpr(2):
+            x = l_own[h]
+            x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
+            x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
+            l_own[h] = x
+        if lane % 4 == 0:
+            for h in cutlass.range_constexpr(2):
+                s_sum[my_rows[h], wg] = l_own[h]
+        cute.arch.barrier(barrier_id=_BAR_CONSUMERS, number_of_threads=_PAIR)
+        inv = cute.make_rmem_tensor((2,), Float32)
+        for h in cutlass.range_constexpr(2):
+            total = s_sum[my_rows[h], 0] + s_sum[my_rows[h], 1]
+            l_own[h] = total
+            inv[h] = Float32(0.0)
+            if total > 0.0:
+                inv[h] = 1.0 / total
+
+        base_row = b * rows_per_req + row0
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
+            n, d = coords_o[i]
+            if row0 + n < rows_per_req:
+                dim = wg * HALF_V + d
+                value = acc_o[i] * inv[(i // 2) % 2]
+                if cutlass.const_expr(self.split):
+                    m_part_o[(base_row + n) * num_splits + split, dim] = value
+                else:
+                    m_out[base_row + n, dim] = value.to(BFloat16)
+        if wg == 0 and lane % 4 == 0:
+            for h in cutlass.range_constexpr(2):
+                n = my_rows[h]
+                if row0 + n < rows_per_req:
+                    lse2 = Float32(_NEG_INF)
+                    if l_own[h] > 0.0:
+                        lse2 = m_run[h] + cute.math.log2(l_own[h])
+                    if cutlass.const_expr(self.split):
+                        m_part_lse[(base_row + n) * num_splits + split] = lse2
+                    elif cutlass.const_expr(self.write_lse):
+                        m_lse[base_row + n] = lse2 * math.log(2.0)
+
+
+class MlaDecodeSeesawSm90(KvRingProducer, TwoGroupRows):
     """One compiled variant: page copy size, split output or not, LSE or not."""
 
     def __init__(
@@ -264,45 +319,10 @@ class MlaDecodeSeesawSm90(KvRingProducer):
             end, n_tiles, first_t, row0, num_heads, lane,
         )  # fmt: skip
 
-        # -- epilogue: add the two groups' denominators, normalise, write --------------------------
-        for h in cutlass.range_constexpr(2):
-            x = l_own[h]
-            x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
-            x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
-            l_own[h] = x
-        if lane % 4 == 0:
-            for h in cutlass.range_constexpr(2):
-                s_sum[my_rows[h], wg] = l_own[h]
-        cute.arch.barrier(barrier_id=_BAR_CONSUMERS, number_of_threads=_PAIR)
-        inv = cute.make_rmem_tensor((2,), Float32)
-        for h in cutlass.range_constexpr(2):
-            total = s_sum[my_rows[h], 0] + s_sum[my_rows[h], 1]
-            l_own[h] = total
-            inv[h] = Float32(0.0)
-            if total > 0.0:
-                inv[h] = 1.0 / total
-
-        base_row = b * rows_per_req + row0
-        for i in cutlass.range_constexpr(cute.size(acc_o)):
-            n, d = coords_o[i]
-            if row0 + n < rows_per_req:
-                dim = wg * HALF_V + d
-                value = acc_o[i] * inv[(i // 2) % 2]
-                if cutlass.const_expr(self.split):
-                    m_part_o[(base_row + n) * num_splits + split, dim] = value
-                else:
-                    m_out[base_row + n, dim] = value.to(BFloat16)
-        if wg == 0 and lane % 4 == 0:
-            for h in cutlass.range_constexpr(2):
-                n = my_rows[h]
-                if row0 + n < rows_per_req:
-                    lse2 = Float32(_NEG_INF)
-                    if l_own[h] > 0.0:
-                        lse2 = m_run[h] + cute.math.log2(l_own[h])
-                    if cutlass.const_expr(self.split):
-                        m_part_lse[(base_row + n) * num_splits + split] = lse2
-                    elif cutlass.const_expr(self.write_lse):
-                        m_lse[base_row + n] = lse2 * math.log(2.0)
+        self._finish_rows(
+            acc_o, coords_o, l_own, m_run, s_sum, my_rows, wg, lane, b, split, rows_per_req,
+            row0, num_splits, m_out, m_lse, m_part_o, m_part_lse,
+        )  # fmt: skip
 
     # -- the schedule --------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .cute_decode import TILE, KvRingProducer
+from .cute_seesaw import _PAIR, TwoGroupRows
 
 ROWS = 64  # query rows per CTA: the wgmma M
 D_LATENT = 512
@@ -73,8 +74,7 @@ _BAR_SCALE0 = 1  # group 0 published m0 and scale0
 _BAR_SCALE1 = 2  # group 1 published m1 and scale1
 _BAR_PA = 3  # group 0 wrote P_A * scale1 to shared memory
 _BAR_PB = 4  # group 1 wrote P_B to shared memory
-_BAR_CONSUMERS = 5  # both consumer groups (epilogue)
-_PAIR = 256  # threads of the two consumer warp groups
+# (barrier 5 is the shared epilogue's: cute_seesaw._BAR_CONSUMERS; _PAIR: the 256 consumer threads)
 # Ring halves: index 2 * stage + half (half 0: lo, 1: hi), each released by the four warps of
 # the group whose product reads it last: A lo group 0 (V_AL), A hi group 1 (V_AR), B lo group 0
 # (V_BL), B hi group 1 (V_BR). They free up in the order A lo, B hi, A hi, B lo, which is the
@@ -83,7 +83,7 @@ _RELEASERS = 4
 _LOAD_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))  # (stage, half)
 
 
-class MlaDecodeSeesawPairsSm90(KvRingProducer):
+class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     """One compiled variant: page copy size, split output or not, LSE or not."""
 
     def __init__(
@@ -125,18 +125,16 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer):
     ):
         k_major = warpgroup.OperandMajorMode.K
         mn_major = warpgroup.OperandMajorMode.MN
-        mma_s = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, k_major, k_major, Float32, (1, 1, 1), tiler_mn=(ROWS, TILE)
-        )
-        # the same product for the first k-block of a tile, which overwrites the accumulator
-        mma_s0 = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, k_major, k_major, Float32, (1, 1, 1), tiler_mn=(ROWS, TILE)
-        )
-        # ... and for the rope dims' k-blocks, with the query's rope dims in registers
-        mma_s_rs = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, k_major, k_major, Float32, (1, 1, 1), tiler_mn=(ROWS, TILE),
-            a_source=warpgroup.OperandSource.RMEM,
-        )  # fmt: skip
+
+        def scores_mma(a_source=warpgroup.OperandSource.SMEM):
+            return sm90_utils.make_trivial_tiled_mma(
+                BFloat16, BFloat16, k_major, k_major, Float32, (1, 1, 1), tiler_mn=(ROWS, TILE),
+                a_source=a_source,
+            )  # fmt: skip
+
+        mma_s = scores_mma()
+        mma_s0 = scores_mma()  # the first k-block of a tile: overwrites the accumulator
+        mma_s_rs = scores_mma(warpgroup.OperandSource.RMEM)  # rope k-blocks: Q in registers
         # O[:, half] += P @ V[:, half], P from shared memory (the other group's) ...
         mma_o = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, k_major, mn_major, Float32, (1, 1, 1), tiler_mn=(ROWS, HALF_V)
@@ -408,46 +406,10 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer):
                 else:
                     self._pair_group1(c, acc_s, acc_o, m_run, l_own, r_pa, r_p, p, False, False)
 
-        # -- epilogue: add the two groups' denominators, normalise, write --------------------------
-        lane = c.lane
-        for h in cutlass.range_constexpr(2):
-            x = l_own[h]
-            x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
-            x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
-            l_own[h] = x
-        if lane % 4 == 0:
-            for h in cutlass.range_constexpr(2):
-                s_sum[my_rows[h], wg] = l_own[h]
-        cute.arch.barrier(barrier_id=_BAR_CONSUMERS, number_of_threads=_PAIR)
-        inv = cute.make_rmem_tensor((2,), Float32)
-        for h in cutlass.range_constexpr(2):
-            total = s_sum[my_rows[h], 0] + s_sum[my_rows[h], 1]
-            l_own[h] = total
-            inv[h] = Float32(0.0)
-            if total > 0.0:
-                inv[h] = 1.0 / total
-
-        base_row = b * rows_per_req + row0
-        for i in cutlass.range_constexpr(cute.size(acc_o)):
-            n, d = coords_o[i]
-            if row0 + n < rows_per_req:
-                dim = wg * HALF_V + d
-                value = acc_o[i] * inv[(i // 2) % 2]
-                if cutlass.const_expr(self.split):
-                    m_part_o[(base_row + n) * num_splits + split, dim] = value
-                else:
-                    m_out[base_row + n, dim] = value.to(BFloat16)
-        if wg == 0 and lane % 4 == 0:
-            for h in cutlass.range_constexpr(2):
-                n = my_rows[h]
-                if row0 + n < rows_per_req:
-                    lse2 = Float32(_NEG_INF)
-                    if l_own[h] > 0.0:
-                        lse2 = m_run[h] + cute.math.log2(l_own[h])
-                    if cutlass.const_expr(self.split):
-                        m_part_lse[(base_row + n) * num_splits + split] = lse2
-                    elif cutlass.const_expr(self.write_lse):
-                        m_lse[base_row + n] = lse2 * math.log(2.0)
+        self._finish_rows(
+            acc_o, coords_o, l_own, m_run, s_sum, my_rows, wg, c.lane, b, split, rows_per_req,
+            row0, num_splits, m_out, m_lse, m_part_o, m_part_lse,
+        )  # fmt: skip
 
     # -- the two groups' parts of a pair ------------------------------------------------------
 
