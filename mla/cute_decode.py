@@ -624,9 +624,7 @@ def _compiled(key: tuple, args: tuple) -> Any:
         elif layout == "pairs":
             from .cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
 
-            if ablation:
-                raise ValueError(f"the pairs layout has no ablation {ablation!r}")
-            kernel = MlaDecodeSeesawPairsSm90(page_block, split, write_lse, evict_first)
+            kernel = MlaDecodeSeesawPairsSm90(page_block, split, write_lse, evict_first, ablation)
         else:
             kernel = MlaDecodeSm90(
                 rows, wgs, page_block, stages, split, write_lse, ablation, evict_first

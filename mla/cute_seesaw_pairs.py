@@ -87,10 +87,17 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     """One compiled variant: page copy size, split output or not, LSE or not."""
 
     def __init__(
-        self, page_block: int, split: bool, write_lse: bool, evict_first: bool = False
-    ) -> None:
+        self, page_block: int, split: bool, write_lse: bool, evict_first: bool = False,
+        ablation: str = "",
+    ) -> None:  # fmt: skip
         if page_block not in (8, 16, 32, 64):
             raise ValueError(f"page_block={page_block} must be 8, 16, 32 or 64")
+        # Benchmark-only: "l2_loads" copies every tile from the cache's first boxes (L2
+        # hits), so the ring fills at L2 speed and the consumers' own time shows (the results
+        # are then wrong; see ``MlaDecodeSm90``).
+        if ablation not in ("", "l2_loads"):
+            raise ValueError(f"the pairs kernel has no ablation {ablation!r}")
+        self.ablation = ablation
         self.rows = ROWS
         self.stages = 2  # tile A and tile B of a pair
         self.page_block = page_block
@@ -300,6 +307,8 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
                         if pos < end:
                             page = m_bt[b, pos // page_size]
                             box = (page * page_size + pos % page_size) // self.page_block
+                        if cutlass.const_expr(self.ablation == "l2_loads"):
+                            box = Int32(c)  # the cache's first boxes: L2 hits, not HBM
                         for k in cutlass.range_constexpr(pieces):
                             cute.copy(
                                 tma_kv_atom, t_kvg[(None, box, first + k)],

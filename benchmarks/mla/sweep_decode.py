@@ -107,13 +107,16 @@ def variants(
             configs.append(("cute heads", {"layout": "heads"}))  # the one-tile seesaw
             configs.append(("cute pairs", {"layout": "pairs"}))  # the default, named
         configs += [("cute plain loads", {"evict_first": 0})]  # no L2 evict-first hint
-        # leaving products out (benchmark-only; the pairs kernel has no such knob, so from 64
-        # rows on they place the time of the one-tile seesaw)
+        # leaving products out or loading from L2 (benchmark-only); the pairs kernel, the
+        # default from 64 rows, has only the L2 one, so there the others place the one-tile
+        # seesaw's time
         ablated = {} if rows <= 32 else {"layout": "heads"}
         configs += [
             (f"cute ablation {a}", {"ablation": a, **ablated})
             for a in ("no_values", "no_scores", "no_mma", "l2_loads")
         ]
+        if rows > 32:
+            configs.append(("cute pairs ablation l2_loads", {"ablation": "l2_loads"}))
         for name, cfg in configs:
             out.append((
                 name,
