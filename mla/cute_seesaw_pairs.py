@@ -84,7 +84,8 @@ _LOAD_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))  # (stage, half)
 
 
 class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
-    """One compiled variant: page copy size, split output or not, LSE or not."""
+    """One compiled variant: page copy size, split output or not, LSE or not, the L2
+    evict-first hint, a benchmark-only ablation."""
 
     def __init__(
         self, page_block: int, split: bool, write_lse: bool, evict_first: bool = False,
