@@ -142,7 +142,8 @@ def decode_groups_fill_sms(traits: Traits, sms: int | None = None) -> bool:
     Then splitting buys no parallelism the SMs lack; it only adds partial outputs and a
     merge at the end, and one wide program per SM (128-token tiles, 3 stages, 8 warps, one
     per SM by shared memory) streams its group's cache without that tail. (Equal tile shares
-    over all SMs, groups cut between programs, measured 5-17 % slower: docs/performance.md.)
+    over all SMs, groups cut between programs, measured 5-17 % slower in its best forms on
+    the H200: docs/performance.md.)
     """
     groups = traits["batch"] * traits["num_kv_heads"]
     sms = sms or num_sms()
