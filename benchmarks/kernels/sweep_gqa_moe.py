@@ -108,6 +108,10 @@ def _decode_variants(d: dict[str, Any], sms: int) -> Iterator[Variant]:
     p16 = d["page_size"] % 64 != 0
     default = configs.decode_default_config(traits, sms)
     yield "default", default, True
+    # Programmatic dependent launch between back-to-back calls (pdl.py): the next call's
+    # programs are resident when this one ends.
+    yield "default-pdl-early", {**default, "pdl": "early"}, False
+    yield "default-pdl-exit", {**default, "pdl": "exit"}, False
     # The same plan with the second merge launch instead of the last-arriving split's merge.
     merged = {k: v for k, v in default.items() if k != "merge"}
     yield "default-merge-kernel", merged if default.get("merge") else None, False
@@ -167,6 +171,15 @@ def _moe_variants(tokens: int) -> Iterator[Variant]:
     previous = PREVIOUS_MOE_SMALL if tokens * MOE["top_k"] <= 64 else PREVIOUS_MOE
     fewer = {"align": "triton", "reduce": "triton"}
     yield "default", default, True
+    if default.get("path") == "onepass":
+        # Programmatic dependent launch is this path's default (pdl.py): without it, and
+        # with the next call let in only when every program has exited.
+        yield "default-no-pdl", {**default, "pdl": ""}, False
+        yield "default-pdl-exit", {**default, "pdl": "exit"}, False
+        # Benchmark-only ablations (wrong outputs, timed anyway): no workspace sums or
+        # last-arrival step; the weights summed instead of multiplied.
+        yield "ablation-no-tail", {**default, "ablation": "no_tail"}, False
+        yield "ablation-loads-only", {**default, "ablation": "loads_only"}, False
     # The sorted path with one-launch alignment and top-k sum (the default from 32 tokens).
     yield "fewer-launches", {**previous, **fewer}, True
     if tokens <= 8:
@@ -446,7 +459,8 @@ def run_case(case: Case, work: Workload, bounds: dict[str, float], replays: int)
     row["compiled"] = _resources(before)
     max_abs, max_rel, ok = _check(out, work.reference)
     row.update(max_abs=max_abs, max_rel=max_rel, correct=ok)
-    if not ok:
+    ablation = bool(case.config.get("ablation"))  # benchmark-only: wrong on purpose, timed
+    if not ok and not ablation:
         row["status"] = "wrong"
         return row
     timing = _time(fn, work.sets, replays)
@@ -458,7 +472,7 @@ def run_case(case: Case, work: Workload, bounds: dict[str, float], replays: int)
     if "flops" in work.extra:
         tflops = work.extra["flops"] / (timing.median_us * 1e-6) / 1e12
         row.update(tflops=tflops, fraction_of_matmul=tflops / bounds["bf16_tflops"])
-    row["meets_target"] = row["fraction_of_copy_bw"] >= TARGETS[case.op]
+    row["meets_target"] = not ablation and row["fraction_of_copy_bw"] >= TARGETS[case.op]
     return row
 
 
@@ -601,7 +615,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     """Best variant per shape against its target, then every row."""
     best: dict[str, dict[str, Any]] = {}
     for row in rows:
-        if row.get("status") == "ok":
+        if row.get("status") == "ok" and not row["config"].get("ablation"):
             cur = best.get(row["case"])
             if cur is None or row["median_us"] < cur["median_us"]:
                 best[row["case"]] = row

@@ -28,6 +28,7 @@ Launch-config switches (all optional; absent means plain pointer loads and a mer
   reset by that program, so no memset and no second launch). The order of the combination is
   fixed, so results do not depend on which split arrives last.
 - ``maxnreg``: cap registers per thread (more resident programs per SM).
+- ``pdl``: programmatic dependent launch of the split kernel (``pdl.py``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .arrival import last_arrival, zeroed_buffer
 from .common import dot_precision
 from .configs import decode_default_config
 from .paged_tiles import kv_tile_rows, paged_kv_tile, tile_pages
+from .pdl import pdl_constexprs, pdl_launch_options, pdl_mode, pdl_prologue
 
 _LOG2E = 1.4426950408889634
 
@@ -278,7 +280,9 @@ def _decode_split_kernel(
     CARRY_PAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PDL_WAIT: tl.constexpr, PDL_TRIGGER: tl.constexpr,
 ):  # fmt: skip
+    pdl_prologue(PDL_WAIT, PDL_TRIGGER)
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -506,6 +510,7 @@ def _launch_split(a: Mapping[str, Any], config: Mapping[str, Any], use_tma: bool
         part_out, part_lse = out, out  # unused
     counters = arrival_counters(q.device, batch * num_kv_heads) if fused else out
     k_desc, v_desc = a["descs"]
+    pdl = pdl_mode(config, q.device)
     _decode_split_kernel[(batch, num_kv_heads, splits)](
         q, a["k_cache"], a["v_cache"], a["block_tables"], a["seq_lens"],
         out, part_out, part_lse, counters, k_desc, v_desc,
@@ -515,7 +520,7 @@ def _launch_split(a: Mapping[str, Any], config: Mapping[str, Any], use_tma: bool
         part_out.stride(0), part_out.stride(1) if splits > 1 else 0,
         part_lse.stride(0), part_lse.stride(1) if splits > 1 else 0,
         SPLIT_KV=splits > 1, FUSED_MERGE=fused, USE_TMA=use_tma,
-        **_launch_options(config),
+        **_launch_options(config), **pdl_constexprs(pdl), **pdl_launch_options(pdl),
         **consts,
     )  # fmt: skip
     if splits > 1 and not fused:

@@ -15,8 +15,10 @@ the output and zeroes the workspace again. Summation order across programs is th
 fixed: results may differ in the last bits from call to call.
 
 Config keys: ``block_i`` (intermediate rows per step), ``num_warps``, ``num_stages``,
-``programs`` (the persistent grid; default one per SM) and ``evict_first`` (weights loaded
-with the L2 evict-first hint: each is read once).
+``programs`` (the persistent grid; default one per SM), ``evict_first`` (weights loaded
+with the L2 evict-first hint: each is read once), ``pdl`` (``pdl.py``; on by default here) and,
+for benchmarks only, ``ablation`` (``"no_tail"``: no workspace sums and no last-arrival step;
+``"loads_only"``: the weights summed instead of multiplied; both give wrong outputs).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import triton.language as tl
 
 from .arrival import last_arrival, zeroed_buffer
 from .configs import MOE_ONEPASS_MAX_TILE as ONEPASS_MAX_TILE
+from .pdl import pdl_constexprs, pdl_launch_options, pdl_mode, pdl_prologue
 
 # Tokens one launch handles: each program keeps [BLOCK_T, hidden] float32 partial outputs.
 ONEPASS_MAX_TOKENS = 8
@@ -42,12 +45,14 @@ def _onepass_kernel(
     stride_xt, stride_w13e, stride_w13n, stride_w2e, stride_w2k, stride_acc, stride_out,
     BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
     NUM_STAGES: tl.constexpr, EVICT: tl.constexpr,
+    PDL_WAIT: tl.constexpr, PDL_TRIGGER: tl.constexpr, ABLATION: tl.constexpr,
 ):  # fmt: skip
     """Items are (pair, ``BLOCK_I`` intermediate rows), dealt round-robin to the programs.
 
     An expert chosen by several of the tokens is read once per pair (reading it once for all
     of them measured 1.2-1.9x slower at 2-4 tokens: docs/kernels.md).
     """
+    pdl_prologue(PDL_WAIT, PDL_TRIGGER)
     h = tl.arange(0, BLOCK_H)
     h_ok = h < hidden
     i = tl.arange(0, BLOCK_I)
@@ -68,12 +73,21 @@ def _onepass_kernel(
             w2_ptr + expert * stride_w2e + rows[:, None] * stride_w2k + h[None, :],
             mask=mask, other=0.0, eviction_policy=EVICT,
         )  # fmt: skip
-        gate = tl.sum(gate_w.to(tl.float32) * x[None, :], axis=1)
-        up = tl.sum(up_w.to(tl.float32) * x[None, :], axis=1)
-        act = gate * tl.sigmoid(gate) * up * weight
-        share = tl.sum(act[:, None] * down_w.to(tl.float32), axis=0)
+        if ABLATION == 2:
+            share = tl.sum(
+                gate_w.to(tl.float32) + up_w.to(tl.float32) + down_w.to(tl.float32), axis=0
+            )
+        else:
+            gate = tl.sum(gate_w.to(tl.float32) * x[None, :], axis=1)
+            up = tl.sum(up_w.to(tl.float32) * x[None, :], axis=1)
+            act = gate * tl.sigmoid(gate) * up * weight
+            share = tl.sum(act[:, None] * down_w.to(tl.float32), axis=0)
         acc += tl.where(t_rows[:, None] == token, share[None, :], 0.0)
     rows_ok = (t_rows < num_tokens)[:, None] & h_ok[None, :]
+    if ABLATION != 0:
+        tl.store(out_ptr + t_rows[:, None] * stride_out + h[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=rows_ok)  # fmt: skip
+        return
     acc_ptrs = acc_ptr + t_rows[:, None] * stride_acc + h[None, :]
     tl.atomic_add(acc_ptrs, acc, mask=rows_ok, sem="relaxed", scope="gpu")
     if last_arrival(counter_ptr, tl.num_programs(0)):
@@ -126,6 +140,7 @@ def fused_moe_onepass(
     acc = zeroed_buffer("moe_onepass_acc", x.device, ONEPASS_MAX_TOKENS * hidden, torch.float32)
     counter = zeroed_buffer("moe_onepass_counter", x.device, 1)
     out = torch.empty_like(x)
+    pdl = pdl_mode(cfg, x.device, default="early")
     _onepass_kernel[(_programs(x.device, items, cfg),)](
         x, w13, w2, ids, weights, acc, counter, out,
         tokens, hidden, inter, top_k, items, chunks,
@@ -135,5 +150,7 @@ def fused_moe_onepass(
         NUM_STAGES=int(cfg.get("num_stages", 3)),
         EVICT="evict_first" if cfg.get("evict_first") else "",
         num_warps=int(cfg.get("num_warps", 8)),
+        **pdl_constexprs(pdl), **pdl_launch_options(pdl),
+        ABLATION={"": 0, "no_tail": 1, "loads_only": 2}[cfg.get("ablation", "")],
     )  # fmt: skip
     return out

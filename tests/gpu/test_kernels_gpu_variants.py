@@ -185,9 +185,16 @@ def _replay_with_new_routing(graph, out, inputs, shape, seed):
 
 
 @pytest.mark.parametrize("tokens", [1, 2, 3, 8])
-@pytest.mark.parametrize(("hidden", "inter", "experts"), [(2048, 768, 128), (7168, 2048, 16)])
+@pytest.mark.parametrize(
+    ("hidden", "inter", "experts", "extra"),
+    [
+        (2048, 768, 128, {}),
+        (2048, 768, 128, {"pdl": ""}),  # a plain launch (PDL is the default)
+        (7168, 2048, 16, {}),
+    ],
+)
 def test_onepass_moe_replays_with_new_routing_and_leaves_its_workspace_zeroed(
-    tokens, hidden, inter, experts
+    tokens, hidden, inter, experts, extra
 ):
     """One launch over both projections (w2 stored [E, I, H]): the float32 workspace and the
     arrival counter must be zero again after every call, eager or replayed, so replay after
@@ -201,7 +208,7 @@ def test_onepass_moe_replays_with_new_routing_and_leaves_its_workspace_zeroed(
              "num_experts": experts, "top_k": 8, "w2_contiguous": "hidden"}  # fmt: skip
     inputs = make_inputs("moe.experts", shape, torch.bfloat16, "cuda").args
     config = {"path": "onepass", "block_i": 4 if hidden <= 2048 else 1, "num_stages": 3,
-              "num_warps": 8}  # fmt: skip
+              "num_warps": 8, **extra}  # fmt: skip
     eager = fused_moe(*inputs, config=config)
     torch.testing.assert_close(eager.float(), ref(*inputs).float(), **BF16)
     graph = torch.cuda.CUDAGraph()

@@ -48,6 +48,7 @@ def _close(actual, expected):
         (2, 3, 4, {"block_i": 4, "programs": 5}),  # 6 pairs over 4 experts: shared
         (5, 3, 6, {"block_i": 2, "programs": 7}),  # odd token count: a half-empty row block
         (8, 2, 3, {"block_i": 16, "programs": 4}),  # a row block past the intermediate size
+        (2, 2, 4, {"block_i": 4, "programs": 3, "pdl": "early"}),  # a plain launch here
     ],
 )
 def test_onepass_matches_the_reference_and_leaves_its_workspace_zeroed(
@@ -62,6 +63,19 @@ def test_onepass_matches_the_reference_and_leaves_its_workspace_zeroed(
         _close(out, want)
     used = {k: v for k, v in arrival._BUFFERS.items() if k[0].startswith("moe_onepass")}
     assert len(used) == 2 and not any(buf.any() for buf in used.values())
+
+
+@needs_triton
+def test_pdl_is_a_plain_launch_off_hopper_and_rejects_unknown_modes():
+    from tokenspeed.kernels.triton_ops.pdl import pdl_constexprs, pdl_launch_options, pdl_mode
+
+    cpu = torch.device("cpu")
+    assert pdl_mode({"pdl": "early"}, cpu) == "" and pdl_mode({}, cpu) == ""
+    assert pdl_launch_options("") == {} and pdl_launch_options("early") == {"launch_pdl": True}
+    assert pdl_constexprs("early") == {"PDL_WAIT": True, "PDL_TRIGGER": True}
+    assert pdl_constexprs("exit") == {"PDL_WAIT": True, "PDL_TRIGGER": False}
+    with pytest.raises(ValueError, match="pdl='soon'"):
+        pdl_mode({"pdl": "soon"}, cpu)
 
 
 @needs_triton
