@@ -175,6 +175,10 @@ def _moe_variants(tokens: int) -> Iterator[Variant]:
         # Programmatic dependent launch is this path's default (pdl.py): without it, and
         # with the next call let in only when every program has exited.
         yield "default-no-pdl", {**default, "pdl": ""}, False
+        # The other warp count, and (one token) the down rows summed per item, not per row.
+        other_warps = 8 if default["num_warps"] == 4 else 4
+        yield f"default-w{other_warps}", {**default, "num_warps": other_warps}, False
+        yield "default-no-row-acc", {**default, "row_acc": 0}, False
         yield "default-pdl-exit", {**default, "pdl": "exit"}, False
         # Benchmark-only ablations (wrong outputs, timed anyway): no workspace sums or
         # last-arrival step; the weights summed instead of multiplied.

@@ -293,9 +293,13 @@ def moe_default_config(traits: Traits) -> Config:
         # against 26.5-27.7 us for the two launches below on [E, H, I]; 2 tokens 42.2-42.5
         # against 44.5-44.9; 4 tokens 79.7-80.9, where [E, H, I] gave 76.1-77.8); then the
         # sorted path with few launches (the token-major down GEMV wants [E, H, I]).
+        # Warps (eleventh session, four runs): 4 at one token, where the down rows then
+        # accumulate per row (22.6-22.9 us against 23.1-24.1 with 8 warps; 25.8-25.9 with 4
+        # warps and no per-row sums) and at 4 tokens (76.9-77.3 against 80.0-80.8 us); 8 at 2
+        # tokens (41.1-41.5 against 48.0-48.2 us); 3 tokens share 4's tile shapes.
         fits = _pow2_at_least(int(traits.get("hidden", 0))) <= MOE_ONEPASS_MAX_TILE
         if tokens <= MOE_ONEPASS_MAX_TOKENS and fits:
-            return {"path": "onepass", "num_warps": 8, "num_stages": 3}
+            return {"path": "onepass", "num_warps": 8 if tokens == 2 else 4, "num_stages": 3}
         return {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 4,
                 "down_block_n": 64, "down_block_k": 128, "align": "triton", "reduce": "triton"}  # fmt: skip
     if tokens <= MOE_SORTFREE_MAX_TOKENS:  # one 16-row tile holds every token

@@ -16,7 +16,9 @@ fixed: results may differ in the last bits from call to call.
 
 Config keys: ``block_i`` (intermediate rows per step), ``num_warps``, ``num_stages``,
 ``programs`` (the persistent grid; default one per SM), ``evict_first`` (weights loaded
-with the L2 evict-first hint: each is read once), ``pdl`` (``pdl.py``; on by default here) and,
+with the L2 evict-first hint: each is read once), ``pdl`` (``pdl.py``; on by default here),
+``row_acc`` (one token: the down rows accumulate per row, one multiply-add per weight, and are
+summed over the rows once at the end; on by default, 4 warps need it) and,
 for benchmarks only, ``ablation`` (``"no_tail"``: no workspace sums and no last-arrival step;
 ``"loads_only"``: the weights summed instead of multiplied; both give wrong outputs).
 """
@@ -44,7 +46,7 @@ def _onepass_kernel(
     num_tokens, hidden, inter, top_k, num_items, chunks,
     stride_xt, stride_w13e, stride_w13n, stride_w2e, stride_w2k, stride_acc, stride_out,
     BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
-    NUM_STAGES: tl.constexpr, EVICT: tl.constexpr,
+    NUM_STAGES: tl.constexpr, EVICT: tl.constexpr, ROW_ACC: tl.constexpr,
     PDL_WAIT: tl.constexpr, PDL_TRIGGER: tl.constexpr, ABLATION: tl.constexpr,
 ):  # fmt: skip
     """Items are (pair, ``BLOCK_I`` intermediate rows), dealt round-robin to the programs.
@@ -58,6 +60,12 @@ def _onepass_kernel(
     i = tl.arange(0, BLOCK_I)
     t_rows = tl.arange(0, BLOCK_T)
     acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
+    # One token: x is the same for every item, and the down rows accumulate per row (one
+    # multiply-add per weight), summed over the rows once after the loop.
+    ONE_TOKEN: tl.constexpr = BLOCK_T == 1 and ROW_ACC
+    if ONE_TOKEN:
+        x_once = tl.load(x_ptr + h, mask=h_ok, other=0.0).to(tl.float32)
+    acc_rows = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
     for item in tl.range(tl.program_id(0), num_items, tl.num_programs(0), num_stages=NUM_STAGES):
         pair = item // chunks
         rows = (item - pair * chunks) * BLOCK_I + i
@@ -65,7 +73,10 @@ def _onepass_kernel(
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         weight = tl.load(weights_ptr + pair)
         mask = (rows < inter)[:, None] & h_ok[None, :]
-        x = tl.load(x_ptr + token * stride_xt + h, mask=h_ok, other=0.0).to(tl.float32)
+        if ONE_TOKEN:
+            x = x_once
+        else:
+            x = tl.load(x_ptr + token * stride_xt + h, mask=h_ok, other=0.0).to(tl.float32)
         w13 = w13_ptr + expert * stride_w13e + rows[:, None] * stride_w13n + h[None, :]
         gate_w = tl.load(w13, mask=mask, other=0.0, eviction_policy=EVICT)
         up_w = tl.load(w13 + inter * stride_w13n, mask=mask, other=0.0, eviction_policy=EVICT)
@@ -81,8 +92,14 @@ def _onepass_kernel(
             gate = tl.sum(gate_w.to(tl.float32) * x[None, :], axis=1)
             up = tl.sum(up_w.to(tl.float32) * x[None, :], axis=1)
             act = gate * tl.sigmoid(gate) * up * weight
-            share = tl.sum(act[:, None] * down_w.to(tl.float32), axis=0)
-        acc += tl.where(t_rows[:, None] == token, share[None, :], 0.0)
+            if ONE_TOKEN:
+                acc_rows += act[:, None] * down_w.to(tl.float32)
+            else:
+                share = tl.sum(act[:, None] * down_w.to(tl.float32), axis=0)
+        if not ONE_TOKEN or ABLATION == 2:
+            acc += tl.where(t_rows[:, None] == token, share[None, :], 0.0)
+    if ONE_TOKEN and ABLATION != 2:
+        acc = tl.sum(acc_rows, axis=0)[None, :]
     rows_ok = (t_rows < num_tokens)[:, None] & h_ok[None, :]
     if ABLATION != 0:
         tl.store(out_ptr + t_rows[:, None] * stride_out + h[None, :],
@@ -148,6 +165,7 @@ def fused_moe_onepass(
         out.stride(0),
         BLOCK_T=block_t, BLOCK_I=block_i, BLOCK_H=block_h,
         NUM_STAGES=int(cfg.get("num_stages", 3)),
+        ROW_ACC=bool(cfg.get("row_acc", True)),
         EVICT="evict_first" if cfg.get("evict_first") else "",
         num_warps=int(cfg.get("num_warps", 8)),
         **pdl_constexprs(pdl), **pdl_launch_options(pdl),

@@ -193,6 +193,11 @@ def test_moe_default_config_depends_on_the_token_bucket():
     small = configs.moe_default_config({**qwen, "num_tokens": 1})
     assert small["block_n"] == 32 and small["block_m"] == 16
     assert configs.moe_default_config({**qwen, "num_tokens": 8})["block_n"] == 32
+    # One pass on the [E, I, H] storage: 4 warps except at 2 tokens (H200, eleventh session).
+    onepass = {**qwen, "w2_contiguous": "hidden"}
+    warps = {t: configs.moe_default_config({**onepass, "num_tokens": t}) for t in (1, 2, 3, 4)}
+    assert all(c["path"] == "onepass" for c in warps.values())
+    assert [warps[t]["num_warps"] for t in (1, 2, 3, 4)] == [4, 8, 4, 4]
     assert configs.moe_default_config({**qwen, "num_tokens": 64})["block_n"] == 64
     assert configs.moe_default_config({**qwen, "num_tokens": 4096})["block_m"] == 64
 
