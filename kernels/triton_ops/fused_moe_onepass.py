@@ -65,7 +65,7 @@ def _onepass_kernel(
     ONE_TOKEN: tl.constexpr = BLOCK_T == 1 and ROW_ACC
     if ONE_TOKEN:
         x_once = tl.load(x_ptr + h, mask=h_ok, other=0.0).to(tl.float32)
-    acc_rows = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
+        acc_rows = tl.zeros([BLOCK_I, BLOCK_H], dtype=tl.float32)
     for item in tl.range(tl.program_id(0), num_items, tl.num_programs(0), num_stages=NUM_STAGES):
         pair = item // chunks
         rows = (item - pair * chunks) * BLOCK_I + i
