@@ -84,21 +84,18 @@ def _onepass_kernel(
             w2_ptr + expert * stride_w2e + rows[:, None] * stride_w2k + h[None, :],
             mask=mask, other=0.0, eviction_policy=EVICT,
         )  # fmt: skip
-        if ABLATION == 2:
-            share = tl.sum(
-                gate_w.to(tl.float32) + up_w.to(tl.float32) + down_w.to(tl.float32), axis=0
-            )
+        if ABLATION == 2:  # the weights summed instead of multiplied: loads alone
+            rows_out = gate_w.to(tl.float32) + up_w.to(tl.float32) + down_w.to(tl.float32)
         else:
             gate = tl.sum(gate_w.to(tl.float32) * x[None, :], axis=1)
             up = tl.sum(up_w.to(tl.float32) * x[None, :], axis=1)
             act = gate * tl.sigmoid(gate) * up * weight
-            if ONE_TOKEN:
-                acc_rows += act[:, None] * down_w.to(tl.float32)
-            else:
-                share = tl.sum(act[:, None] * down_w.to(tl.float32), axis=0)
-        if not ONE_TOKEN or ABLATION == 2:
-            acc += tl.where(t_rows[:, None] == token, share[None, :], 0.0)
-    if ONE_TOKEN and ABLATION != 2:
+            rows_out = act[:, None] * down_w.to(tl.float32)
+        if ONE_TOKEN:
+            acc_rows += rows_out
+        else:
+            acc += tl.where(t_rows[:, None] == token, tl.sum(rows_out, axis=0)[None, :], 0.0)
+    if ONE_TOKEN:
         acc = tl.sum(acc_rows, axis=0)[None, :]
     rows_ok = (t_rows < num_tokens)[:, None] & h_ok[None, :]
     if ABLATION != 0:

@@ -200,7 +200,6 @@ def test_onepass_moe_replays_with_new_routing_and_leaves_its_workspace_zeroed(
     arrival counter must be zero again after every call, eager or replayed, so replay after
     replay with new inputs stays right."""
     from tokenspeed.kernels.reference.moe import fused_moe as ref
-    from tokenspeed.kernels.triton_ops import arrival
     from tokenspeed.kernels.triton_ops.fused_moe import fused_moe
     from tokenspeed.kernels.workloads import make_inputs
 
@@ -216,6 +215,125 @@ def test_onepass_moe_replays_with_new_routing_and_leaves_its_workspace_zeroed(
         out = fused_moe(*inputs, config=config)
     for seed in range(1, 6):
         _replay_with_new_routing(graph, out, inputs, shape, seed)
+    _assert_onepass_workspace_zeroed()
+
+
+def _assert_onepass_workspace_zeroed() -> None:
+    from tokenspeed.kernels.triton_ops import arrival
+
     for (name, _, dtype), buf in arrival._BUFFERS.items():
         if name.startswith("moe_onepass"):
             assert not buf.any(), f"{name} ({dtype}) left non-zero"
+
+
+# -- programmatic dependent launch (the ``pdl`` config key) ----------------------------------
+# Each test chains calls in a CUDA graph so that call i + 1 reads call i's output (or, for the
+# MoE back to back, reuses its workspace), and checks every call against the reference on what
+# it actually read: a kernel that started before the one ahead had finished would see an
+# unwritten buffer or a workspace not yet zeroed. With the wait removed these tests fail.
+
+needs_pdl = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+    reason="programmatic dependent launch needs sm_90+",
+)
+CHAIN = 6
+
+
+def _chain_in_graph(call, first_input):
+    """Capture ``CHAIN`` calls, each fed the previous output; returns (inputs, outputs)."""
+    call(first_input)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        inputs, outputs = [], []
+        x = first_input
+        for _ in range(CHAIN):
+            inputs.append(x)
+            x = call(x)
+            outputs.append(x)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    return inputs, outputs
+
+
+def _qwen_moe(tokens: int):
+    from tokenspeed.kernels.workloads import make_inputs
+
+    shape = {"tokens": tokens, "hidden": 2048, "intermediate": 768, "num_experts": 128,
+             "top_k": 8, "w2_contiguous": "hidden"}  # fmt: skip
+    return make_inputs("moe.experts", shape, torch.bfloat16, "cuda").args
+
+
+def _relative_error(out: torch.Tensor, expect: torch.Tensor) -> float:
+    expect = expect.float()
+    assert expect.abs().amax() > 0
+    return float((out.float() - expect).abs().amax() / expect.abs().amax())
+
+
+@needs_pdl
+@pytest.mark.parametrize("mode", ["early", "exit"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_onepass_moe_chain_with_pdl_matches_reference(tokens, mode):
+    """Each call reads the previous call's (normalised) output."""
+    from tokenspeed.kernels.reference.moe import fused_moe as ref
+    from tokenspeed.kernels.triton_ops.fused_moe import fused_moe
+
+    x, w13, w2, weights, ids = _qwen_moe(tokens)
+    config = {"path": "onepass", "num_warps": 8, "num_stages": 3, "pdl": mode}
+
+    def call(inp: torch.Tensor) -> torch.Tensor:
+        out = fused_moe(inp, w13, w2, weights, ids, config=config)
+        # The experts are about quadratic in x: without this the chain would underflow.
+        return out / out.abs().amax()
+
+    inputs, outputs = _chain_in_graph(call, x)
+    for inp, out in zip(inputs, outputs, strict=True):
+        expect = ref(inp, w13, w2, weights, ids).float()
+        assert _relative_error(out, expect / expect.abs().amax()) < 2e-2
+    _assert_onepass_workspace_zeroed()
+
+
+@needs_pdl
+@pytest.mark.parametrize("mode", ["early", "exit"])
+def test_onepass_moe_back_to_back_with_pdl_reuses_its_workspace(mode):
+    """Nothing between the calls: each starts right after the previous one's last program
+    has written the output and zeroed the shared workspace."""
+    from tokenspeed.kernels.reference.moe import fused_moe as ref
+    from tokenspeed.kernels.triton_ops.fused_moe import fused_moe
+
+    x, w13, w2, weights, ids = _qwen_moe(2)
+    config = {"path": "onepass", "num_warps": 8, "num_stages": 3, "pdl": mode}
+    _, outputs = _chain_in_graph(lambda _: fused_moe(x, w13, w2, weights, ids, config=config), x)
+    expect = ref(x, w13, w2, weights, ids)
+    for out in outputs:
+        assert _relative_error(out, expect) < 2e-2
+    _assert_onepass_workspace_zeroed()
+
+
+@needs_pdl
+@pytest.mark.parametrize("mode", ["early", "exit"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"block_n": 128, "num_stages": 3, "num_warps": 8, "num_splits": 1, "carry_pages": True},
+        {"block_n": 32, "num_stages": 3, "num_splits": 3, "carry_pages": True, "merge": "fused"},
+        {"block_n": 64, "num_stages": 2, "num_splits": 2},
+    ],
+)
+def test_decode_chain_with_pdl_matches_reference(cfg, mode):
+    from tokenspeed.kernels.reference.attention import paged_decode_attention as ref
+    from tokenspeed.kernels.triton_ops.decode_attention import paged_decode_attention
+
+    q, k, v, tables, lens, _ = _decode_inputs(16, lens=(2000, 1, 0, 4096, 777, 129))
+    config = {"num_warps": 4, "num_stages": 2, **cfg, "pdl": mode}
+    scale = 4.0  # keeps the scores of the chain's small queries spread
+
+    def call(inp: torch.Tensor) -> torch.Tensor:
+        # The output [B, 32, 128] is the next call's query, back to back.
+        return paged_decode_attention(inp, k, v, tables, lens, scale, config=config)
+
+    inputs, outputs = _chain_in_graph(call, q)
+    for inp, out in zip(inputs, outputs, strict=True):
+        assert _relative_error(out, ref(inp, k, v, tables, lens, scale)) < 3e-2
+        assert torch.all(out[2] == 0)
