@@ -40,6 +40,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from tokenspeed.kernels.cute_ops.common import L2_EVICT_FIRST, accumulator_slot, cute_tensor
+
 from .configs import CUTE_TILE, cute_decode_plan
 
 TILE = CUTE_TILE  # KV tokens per tile: the wgmma M of both products
@@ -47,20 +49,6 @@ D_LATENT = 512
 D_ROPE = 64
 D_QK = D_LATENT + D_ROPE
 _NEG_INF = -math.inf
-# The 64-bit L2 cache-policy operand of an evict-first load (the encoding CUTLASS's
-# TMA::CacheHintSm90::EVICT_FIRST uses).
-_L2_EVICT_FIRST = 0x12F0000000000000
-
-
-def _slot(i: int, cols: int) -> int:
-    """Which of a thread's ``cols / 4`` accumulator columns fragment element ``i`` is in.
-
-    A ``wgmma`` m64nN accumulator holds, per thread, values ordered (column pair, row half,
-    8-column block[, M tile]): element ``i`` sits in column ``2 * (lane % 4) + i % 2 +
-    8 * ((i % (cols / 2)) // 4)``; this returns that column's index among the thread's own.
-    """
-    within = i % (cols // 2)
-    return (within % 2) + 2 * (within // 4)
 
 
 class KvRingProducer:
@@ -101,7 +89,7 @@ class KvRingProducer:
         operand must be an Int64 carrying an IR value; a Python constant is rejected.)"""
         if not self.evict_first:
             return {}
-        return {"cache_policy": cutlass.Int64(cutlass.Int64(_L2_EVICT_FIRST).ir_value())}
+        return {"cache_policy": cutlass.Int64(cutlass.Int64(L2_EVICT_FIRST).ir_value())}
 
     @cute.jit
     def _split_tiles(self, m_seq: cute.Tensor, b: Int32, split: Int32, num_splits: Int32):
@@ -470,7 +458,7 @@ class MlaDecodeSm90(KvRingProducer):
                     if pos >= end or pos > first_t + row // num_heads:
                         v = Float32(_NEG_INF)
                 acc_s[i] = v
-                j = _slot(i, rpw)
+                j = accumulator_slot(i, rpw)
                 tile_max[j] = cute.arch.fmax(tile_max[j], v)
             for j in cutlass.range_constexpr(slots):
                 x = tile_max[j]
@@ -500,7 +488,7 @@ class MlaDecodeSm90(KvRingProducer):
                 l_i[j] = l_i[j] * alpha[j]
             # p^T = exp2(s^T - max) in bf16, row sums per thread
             for i in cutlass.range_constexpr(cute.size(acc_s)):
-                j = _slot(i, rpw)
+                j = accumulator_slot(i, rpw)
                 p = Float32(cute.math.exp2(acc_s[i] - m_use[j], fastmath=True))
                 l_i[j] = l_i[j] + p
                 if cutlass.const_expr(s_tok_scale is not None):
@@ -523,7 +511,7 @@ class MlaDecodeSm90(KvRingProducer):
             for j in cutlass.range_constexpr(self.rows // 4):
                 alpha_o[j] = s_alpha[2 * (lane % 4) + (j % 2) + 8 * (j // 2)]
             for i in cutlass.range_constexpr(cute.size(acc_o)):
-                acc_o[i] = acc_o[i] * alpha_o[_slot(i, self.rows)]
+                acc_o[i] = acc_o[i] * alpha_o[accumulator_slot(i, self.rows)]
             vt = cute.make_tensor(s_kv[None, None, stage].iterator, vt_layout.outer)
             vt_wg = cute.local_tile(vt[None, None, 0], (self.dims_per_wg, TILE), (wg, 0))
             r_oa = mma_o.make_fragment_A(thr_o.partition_A(vt_wg))
@@ -633,21 +621,6 @@ def _compiled(key: tuple, args: tuple) -> Any:
     return fn
 
 
-def _cute_tensor(t: Any, align: int = 16, *, all_dynamic: bool = False) -> cute.Tensor:
-    """A CuTe view of a torch tensor whose leading extent is a run-time value.
-
-    Row-major 2-D tensors keep their (fixed) last extent static, so its stride is known to
-    the compiler; ``all_dynamic`` makes every extent and stride a run-time value (the block
-    table's width changes between calls and must not be baked into the compiled kernel).
-    """
-    from cutlass.cute.runtime import from_dlpack
-
-    ct = from_dlpack(t, assumed_align=align)
-    if t.dim() == 1 or all_dynamic:
-        return ct.mark_layout_dynamic(leading_dim=t.dim() - 1)
-    return ct.mark_compact_shape_dynamic(mode=0, stride_order=tuple(range(t.dim())))
-
-
 def mla_decode(
     query: Any,
     kv_cache: Any,
@@ -705,10 +678,10 @@ def mla_decode(
     if q2d.shape[0] < plan["rows"]:  # the query TMA box must not be taller than the tensor
         q2d = torch.cat([q2d, q2d.new_zeros(plan["rows"] - q2d.shape[0], D_QK)])
     if fp8:  # the loader copies bytes; the converter reads them as e4m3
-        kv_arg = _cute_tensor(cache.view(torch.uint8).view(-1))
-        scale_arg = (_cute_tensor(kv_scale.reshape(-1).to(torch.float32), 4),)
+        kv_arg = cute_tensor(cache.view(torch.uint8).view(-1))
+        scale_arg = (cute_tensor(kv_scale.reshape(-1).to(torch.float32), 4),)
     else:
-        kv_arg = _cute_tensor(cache.view(cache.shape[0] * page_size, D_QK))
+        kv_arg = cute_tensor(cache.view(cache.shape[0] * page_size, D_QK))
         scale_arg = ()
     out2d = out.view(batch * q_len * heads, D_LATENT)
     splits = plan["num_splits"]
@@ -725,9 +698,9 @@ def mla_decode(
     else:  # this variant never touches the partials: any fp32 tensors of the right rank
         part_o, part_lse = _unused_partials(query.device)
     args = (
-        _cute_tensor(q2d), kv_arg, *scale_arg, _cute_tensor(block_tables, 4, all_dynamic=True),
-        _cute_tensor(seq_lens, 4), _cute_tensor(out2d), _cute_tensor(lse.view(-1), 4),
-        _cute_tensor(part_o), _cute_tensor(part_lse, 4),
+        cute_tensor(q2d), kv_arg, *scale_arg, cute_tensor(block_tables, 4, all_dynamic=True),
+        cute_tensor(seq_lens, 4), cute_tensor(out2d), cute_tensor(lse.view(-1), 4),
+        cute_tensor(part_o), cute_tensor(part_lse, 4),
         Float32(softmax_scale * math.log2(math.e)), Int32(q_len), Int32(heads), Int32(splits),
         Int32(page_size), Int32(batch), Int32(plan["row_blocks"]),
         cuda.CUstream(torch.cuda.current_stream().cuda_stream),

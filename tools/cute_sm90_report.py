@@ -121,7 +121,7 @@ def _mla_decode_args(heads: int, page_size: int, *, split: bool) -> tuple[Any, .
     import torch
     from cutlass import Float32, Int32
 
-    from tokenspeed.mla.cute_decode import _cute_tensor
+    from tokenspeed.kernels.cute_ops.common import cute_tensor as _cute_tensor
 
     batch = 4
     rows = batch * heads
@@ -145,7 +145,7 @@ def _mla_decode_fp8_args(heads: int, page_size: int, *, split: bool, per_token: 
     scale tensor (one, or one per token slot) after it."""
     import torch
 
-    from tokenspeed.mla.cute_decode import _cute_tensor
+    from tokenspeed.kernels.cute_ops.common import cute_tensor as _cute_tensor
 
     q, _, *rest = _mla_decode_args(heads, page_size, split=split)
     cache = _cute_tensor(torch.empty(64 * page_size * 576, dtype=torch.uint8))

@@ -127,6 +127,31 @@ def _decode_variants(d: dict[str, Any], sms: int) -> Iterator[Variant]:
     previous = {"block_n": 64, "num_warps": 4, "num_stages": 2,
                 "num_splits": configs.decode_num_splits(traits, sms)}  # fmt: skip
     yield "previous-default", previous, False
+    yield from _cute_decode_variants(traits, sms)
+
+
+def _cute_decode_variants(traits: dict[str, Any], sms: int) -> Iterator[Variant]:
+    """The CuTe DSL SM90 decode (``kernel: "cute"``), where it can run: its plan, then one and
+    two CTAs per (request, KV head) at 2-6 stages, and without the L2 evict-first hint."""
+    if not _cute_available():
+        return
+    from tokenspeed.kernels.cute_ops.configs import gqa_decode_default_config
+
+    plan = gqa_decode_default_config(traits, sms)
+    yield "cute", {"kernel": "cute", **plan}, True
+    for cluster, stages in ((1, 3), (2, 3), (1, 6), (2, 2), (2, 4), (1, 2)):
+        cfg = {"kernel": "cute", "cluster": cluster, "stages": stages, "evict_first": True}
+        yield f"cute-c{cluster}-s{stages}", cfg, False
+    yield "cute-plain-loads", {"kernel": "cute", **plan, "evict_first": False}, False
+
+
+def _cute_available() -> bool:
+    """CuTe DSL importable and an SM90 GPU present (the kernel's registry capability)."""
+    import importlib.util
+
+    return (DEVICE == "cuda" and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(0) == (9, 0)
+            and importlib.util.find_spec("cutlass") is not None)  # fmt: skip
 
 
 def _few_split_variants(d: dict[str, Any]) -> Iterator[Variant]:
@@ -349,6 +374,11 @@ def _moe_workload(d: dict[str, Any], l2: int, reference: bool = True) -> Workloa
 
 
 def _runner(case: Case) -> Callable[[tuple[Any, ...]], torch.Tensor]:
+    if case.op == "decode" and (case.config or {}).get("kernel") == "cute":
+        from tokenspeed.kernels.cute_ops import decode_attention as cute_decode
+
+        cfg = {k: v for k, v in case.config.items() if k != "kernel"}
+        return lambda inp: cute_decode.paged_decode_attention(*inp, config=cfg)
     if case.op == "decode":
         from tokenspeed.kernels.triton_ops.decode_attention import paged_decode_attention
 
@@ -503,6 +533,8 @@ def _warm_worker(cases: list[Case], settings: dict[str, Any], l2: int) -> int:
     works: dict[tuple, Workload] = {}
     done = 0
     for case in cases:
+        if (case.config or {}).get("kernel") == "cute":
+            continue  # CuTe DSL compiles in the process that runs the kernel
         try:
             _runner(case)(_workload(case, works, l2, reference=False).sets[0])
             _sync()

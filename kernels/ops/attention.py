@@ -41,6 +41,8 @@ def paged_decode_attention(
             "page_size": page_size,
             "batch": bucket(q.shape[0]),
             "kv_len": bucket(kv_len),
+            # (request, KV head) groups: how many SMs one program per group would fill
+            "kv_groups": bucket(q.shape[0] * k_cache.shape[2]),
         },
     )
     return sel.run(q, k_cache, v_cache, block_tables, seq_lens, scale)

@@ -91,10 +91,12 @@ def test_triton_is_the_default_choice_on_cuda():
 
     for family, mode, _, _ in OPS:
         expl = explain_selection(family, mode, {}, traits={}, device="cuda")
-        # attention.extend: the SDPA candidate (PERFORMANT) wins where its traits hold.
-        allowed = (
-            ("triton_", "sdpa_") if (family, mode) == ("attention", "extend") else ("triton_",)
-        )
+        # attention.extend: the SDPA candidate (PERFORMANT) wins where its traits hold, and
+        # attention.decode the CuTe DSL one (SPECIALIZED) on Hopper where CuTe DSL is installed.
+        allowed = {
+            ("attention", "extend"): ("triton_", "sdpa_"),
+            ("attention", "decode"): ("triton_", "cute_"),
+        }.get((family, mode), ("triton_",))
         assert expl.chosen.startswith(allowed), expl
 
 

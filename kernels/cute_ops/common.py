@@ -1,0 +1,36 @@
+"""What the CuTe DSL kernels share: the wgmma accumulator's column order, the L2 hint, and
+the torch-to-CuTe tensor view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The 64-bit L2 cache-policy operand of an evict-first load (the encoding CUTLASS's
+# TMA::CacheHintSm90::EVICT_FIRST uses): streamed tiles that are read once.
+L2_EVICT_FIRST = 0x12F0000000000000
+
+
+def accumulator_slot(i: int, cols: int) -> int:
+    """Which of a thread's ``cols / 4`` accumulator columns fragment element ``i`` is in.
+
+    A ``wgmma`` m64nN accumulator holds, per thread, values ordered (column pair, row half,
+    8-column block[, M tile]): element ``i`` sits in column ``2 * (lane % 4) + i % 2 +
+    8 * ((i % (cols / 2)) // 4)``; this returns that column's index among the thread's own.
+    """
+    within = i % (cols // 2)
+    return (within % 2) + 2 * (within // 4)
+
+
+def cute_tensor(t: Any, align: int = 16, *, all_dynamic: bool = False) -> Any:
+    """A CuTe view of a torch tensor whose leading extent is a run-time value.
+
+    Row-major 2-D tensors keep their (fixed) last extent static, so its stride is known to
+    the compiler; ``all_dynamic`` makes every extent and stride a run-time value (the block
+    table's width changes between calls and must not be baked into the compiled kernel).
+    """
+    from cutlass.cute.runtime import from_dlpack
+
+    ct = from_dlpack(t, assumed_align=align)
+    if t.dim() == 1 or all_dynamic:
+        return ct.mark_layout_dynamic(leading_dim=t.dim() - 1)
+    return ct.mark_compact_shape_dynamic(mode=0, stride_order=tuple(range(t.dim())))
