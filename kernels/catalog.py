@@ -69,6 +69,19 @@ _CUTE_PAGE = TraitRule(
 )
 
 
+CUTE_DECODE_TRAITS = {
+    "head_dim": one_of(64, 128),
+    "v_head_dim": one_of(64, 128),
+    "group_size": between(1, 16),
+    "page_size": _CUTE_PAGE,
+    # Where the H200 sweep measured it ahead of the Triton decode: 65-128 groups of long
+    # contexts (16 x 8k: 97-98 % of copy at page 64 against 94-95 %, page 16 +1.6 points on
+    # average); at 64 x 2k (512 groups) the Triton decode is as fast or faster.
+    "kv_groups": one_of(128),
+    "kv_len": at_least(4096),
+}
+
+
 def _register_cute_kernels() -> None:
     """The CuTe DSL SM90 paged decode (TMA page boxes, wgmma, optional two-CTA split), where
     CuTe DSL is installed (found, not imported: importing it is slow)."""
@@ -82,17 +95,7 @@ def _register_cute_kernels() -> None:
         impl=f"{_PACKAGE}.cute_ops.decode_attention:paged_decode_attention",
         capability=CUTE_SM90,
         signatures=[{"q": ("bfloat16",), "kv_cache": ("bfloat16",)}],
-        traits={
-            "head_dim": one_of(64, 128),
-            "v_head_dim": one_of(64, 128),
-            "group_size": between(1, 16),
-            "page_size": _CUTE_PAGE,
-            # Where the H200 sweep measured it ahead of the Triton decode: 65-128 groups of
-            # long contexts (16 x 8k: 97 / 100 % of copy against 94.5-96.5 / 96-98 %); at 64
-            # x 2k (512 groups) the Triton decode is as fast or faster.
-            "kv_groups": one_of(128),
-            "kv_len": at_least(4096),
-        },
+        traits=dict(CUTE_DECODE_TRAITS),
         priority=Priority.SPECIALIZED,
         tags=("deterministic",),
         config_space=f"{_PACKAGE}.cute_ops.configs:gqa_decode_config_space",

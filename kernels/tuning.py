@@ -249,5 +249,6 @@ def _estimate_traits(case: TuneCase) -> dict[str, Any]:
         "batch": bucket(s.get("batch", 1)),
         "kv_len": bucket(s.get("kv_len", 1)),
         "num_kv_heads": s.get("num_kv_heads", 1),
+        "kv_groups": bucket(s.get("batch", 1) * s.get("num_kv_heads", 1)),
         "head_dim": s.get("head_dim", 128),
     }

@@ -139,10 +139,13 @@ def _cute_decode_variants(traits: dict[str, Any], sms: int) -> Iterator[Variant]
 
     plan = gqa_decode_default_config(traits, sms)
     yield "cute", {"kernel": "cute", **plan}, True
-    for cluster, stages in ((1, 3), (2, 3), (1, 6), (2, 2), (2, 4), (1, 2)):
+    for cluster, stages in ((1, 3), (2, 3), (1, 6), (2, 2), (2, 4), (1, 2), (3, 2), (3, 3), (4, 2)):
         cfg = {"kernel": "cute", "cluster": cluster, "stages": stages, "evict_first": True}
         yield f"cute-c{cluster}-s{stages}", cfg, False
     yield "cute-plain-loads", {"kernel": "cute", **plan, "evict_first": False}, False
+    # Tiles laid out [token][64-dim block][...]: two TMA copies per page block, not one.
+    yield "cute-2d-boxes", {"kernel": "cute", **plan, "box": 0}, False
+    yield "cute-c1-s3-2d-boxes", {"kernel": "cute", "cluster": 1, "stages": 3, "box": 0}, False
 
 
 def _cute_available() -> bool:

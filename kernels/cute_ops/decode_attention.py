@@ -5,8 +5,8 @@ wide tile through per-thread ``cp.async`` (TMA loads a box per page, and Triton 
 several boxes in one shared-memory tile), and at 16 requests x 8 KV heads its one program
 per (request, KV head) leaves 4 of 132 SMs idle. Here a producer warp copies each 64-token
 tile as ``64 / page_size`` TMA boxes (one per page) into one swizzled tile, and a request's
-KV head can be split over a cluster of two CTAs, two per SM, which merge through global
-memory at the end with no second launch and no atomics.
+KV head can be split over a cluster of CTAs (two, at two or three per SM, for small pages)
+which merge through global memory at the end: no second launch, no atomics.
 
 One CTA owns the ``group`` query heads of one KV head of one request (padded to 16 rows,
 the N of the MMAs) and streams one split of that head's K and V, 64 tokens a tile:
@@ -17,9 +17,17 @@ the N of the MMAs) and streams one split of that head's K and V, 64 tokens a til
 * ``o^T[D, rows] += v^T[D, 64 tok] @ p^T``: the V tile read through its transpose (a K-major
   128-byte-swizzled tile is the MN-major layout of its transpose), so it needs no copy.
 
-With a cluster of two, CTA rank 1 writes its normalised partial and base-2 log-sum-exp to a
-workspace, both CTAs meet at the cluster barrier (arrive has release, wait acquire
-semantics), and rank 0 folds the partial into its own rows and writes the output.
+*Tile layout.* The swizzle atom is 8 tokens x 64 dims (1 KiB). The usual K-major layout
+puts every token's first 64 dims before any token's next 64, so a page block of 128-dim
+tokens is two TMA copies; here the atoms go [8-token group][64-dim block], so the block is
+one 5-D copy (the cache is viewed as ((token, group), (dim, block, head))). Per-copy cost,
+not bytes, limited a CTA on 16-token pages: one CTA per group went from 75-77 % to 91-95 %
+of copy bandwidth at 16 x 8k.
+
+*Split merge.* CTAs 1.. of a cluster write their normalised partials and base-2
+log-sum-exps to a workspace, every CTA meets at the cluster barrier (arrive has release,
+wait acquire semantics), and CTA 0 folds the partials into its own rows in split order and
+writes the output.
 
 Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; ``tokenspeed.kernels.catalog`` registers
 it only when both are present. bf16 query and caches, head dim 64 or 128, group size <= 16.
@@ -52,11 +60,11 @@ class GqaDecodeSm90:
 
     def __init__(
         self, rows: int, head_dim: int, page_block: int, stages: int, cluster: int,
-        evict_first: bool = True,
+        evict_first: bool = True, row_groups_first: bool = True,
     ) -> None:  # fmt: skip
         if rows != 16 or head_dim not in (64, 128):
             raise ValueError(f"rows={rows} must be 16 and head_dim={head_dim} 64/128")
-        if page_block not in (8, 16, 32, 64) or cluster not in (1, 2) or not 2 <= stages <= 8:
+        if page_block not in (8, 16, 32, 64) or not 1 <= cluster <= 4 or not 2 <= stages <= 8:
             raise ValueError(f"page_block={page_block}, cluster={cluster}, stages={stages}")
         self.rows = rows
         self.head_dim = head_dim
@@ -65,6 +73,8 @@ class GqaDecodeSm90:
         self.stages = stages
         self.cluster = cluster
         self.evict_first = evict_first
+        # At head dim 64 a token's dims are one swizzle atom already: the layouts coincide.
+        self.row_groups_first = row_groups_first and head_dim > 64
         self.consumer_threads = 128
         self.producer_warp = 4
         self.threads = 160
@@ -80,8 +90,8 @@ class GqaDecodeSm90:
         m_bt: cute.Tensor,  # [batch, max_pages] int32
         m_seq: cute.Tensor,  # [batch] int32
         m_out: cute.Tensor,  # [batch * q_heads, D] bf16
-        m_part_o: cute.Tensor,  # [batch * kv_heads * rows, D] fp32 (cluster of two)
-        m_part_lse: cute.Tensor,  # [batch * kv_heads * rows] fp32, base 2 (cluster of two)
+        m_part_o: cute.Tensor,  # [batch * kv_heads * (cluster - 1) * rows, D] fp32
+        m_part_lse: cute.Tensor,  # [batch * kv_heads * (cluster - 1) * rows] fp32, base 2
         scale_log2: Float32,
         group: Int32,
         num_kv_heads: Int32,
@@ -95,12 +105,12 @@ class GqaDecodeSm90:
             kv_stage.outer, cute.make_layout((self.page_block, self.head_dim), stride=(1, TILE))
         )
         box_layout = cute.make_composed_layout(kv_stage.inner, 0, box_outer)
-        box = (self.page_block, self.head_dim)
+        box = self._box()
         tma_k_atom, tma_k = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), m_k, box_layout, box
+            cpasync.CopyBulkTensorTileG2SOp(), self._cache_view(m_k), box_layout, box
         )
         tma_v_atom, tma_v = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), m_v, box_layout, box
+            cpasync.CopyBulkTensorTileG2SOp(), self._cache_view(m_v), box_layout, box
         )
         tma_q_atom, tma_q = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), m_q, cute.slice_(q_layout, (None, None, 0)),
@@ -131,6 +141,26 @@ class GqaDecodeSm90:
             scale_log2, group, page_size,
         ).launch(**launch)  # fmt: skip
 
+    def _box(self):
+        """One TMA box: a page block's tokens x one KV head's dims (grouped as the smem tile is)."""
+        if cutlass.const_expr(self.row_groups_first):
+            return ((8, self.page_block // 8), (64, self.head_dim // 64))
+        return (self.page_block, self.head_dim)
+
+    @cute.jit
+    def _cache_view(self, m: cute.Tensor):
+        """The ``[slots, kv_heads * D]`` cache as ((token, 8-token group), (dim, 64-dim block,
+        head)), so that a box's modes line up with the tile's: one TMA copy per page block."""
+        if cutlass.const_expr(not self.row_groups_first):
+            return m
+        width = cute.size(m, mode=[1])
+        d = self.head_dim
+        layout = cute.make_layout(
+            ((8, cute.size(m, mode=[0]) // 8), (64, d // 64, width // d)),
+            stride=((width, 8 * width), (1, 64, d)),
+        )
+        return cute.make_tensor(m.iterator, layout)
+
     @cute.jit
     def _mmas_and_layouts(self):
         """Both products' tiled MMAs and the shared-memory layouts they read: the K and V
@@ -150,6 +180,21 @@ class GqaDecodeSm90:
         vt_layout = sm90_utils.make_smem_layout_a(
             utils.LayoutEnum.COL_MAJOR, (d, self.rows, TILE), BFloat16, 1
         )
+        if cutlass.const_expr(self.row_groups_first):
+            # The same 1 KiB swizzle atoms (8 tokens x 64 dims), but a group of 8 tokens keeps
+            # all its dims together: [token group][64-dim block][token][dim]. A page block is
+            # then one TMA box (up to 5 dims), not one per 64-dim block.
+            blocks = d // 64
+            kv_layout = cute.make_composed_layout(
+                kv_layout.inner, 0,
+                cute.make_layout(((8, TILE // 8), (64, blocks), self.stages),
+                                 stride=((64, 8 * d), (1, 512), TILE * d)),
+            )  # fmt: skip
+            vt_layout = cute.make_composed_layout(
+                vt_layout.inner, 0,
+                cute.make_layout(((64, blocks), (8, TILE // 8), 1),
+                                 stride=((1, 512), (64, 8 * d), 0)),
+            )  # fmt: skip
         q_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, d), BFloat16, 1)
         p_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, TILE), BFloat16, 1)
         return mma_s, mma_o, kv_layout, vt_layout, q_layout, p_layout
@@ -252,7 +297,7 @@ class GqaDecodeSm90:
             cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.rows * d * 2)
         cute.copy(tma_q_atom, t_qg, t_qs[(None, 0)], tma_bar_ptr=q_bar)
 
-        box = (self.page_block, d)
+        box = self._box()
         hint = {}
         if cutlass.const_expr(self.evict_first):
             hint = {"cache_policy": cutlass.Int64(cutlass.Int64(L2_EVICT_FIRST).ir_value())}
@@ -437,24 +482,26 @@ class GqaDecodeSm90:
                 s_max[n] = m_i[j]
         cute.arch.barrier(barrier_id=1, number_of_threads=128)
 
-        part_row0 = (b * num_kv_heads + kv_head) * rows
+        # Splits 1.. publish their rows; split 0 folds them in, in split order.
+        part_row0 = (b * num_kv_heads + kv_head) * (self.cluster - 1) * rows
         if cutlass.const_expr(self.cluster == 1):
-            self._write_rows(acc_o, coords_o, s_sum, m_out, q_row0, group, None, None, 0)
+            self._write_rows(acc_o, coords_o, s_sum, m_out, q_row0, group, None, None, None, 0)
         else:
-            if split == 1:  # publish this split's normalised rows and their base-2 LSE
+            if split > 0:  # publish this split's normalised rows and their base-2 LSE
+                mine = part_row0 + (split - 1) * rows
                 for i in cutlass.range_constexpr(cute.size(acc_o)):
                     dim, n = coords_o[i]
                     total = s_sum[n]
                     inv = Float32(0.0)
                     if total > 0.0:
                         inv = 1.0 / total
-                    m_part_o[part_row0 + n, dim] = acc_o[i] * inv
+                    m_part_o[mine + n, dim] = acc_o[i] * inv
                 if tidx < rows:
                     total = s_sum[tidx]
                     lse2 = Float32(_NEG_INF)
                     if total > 0.0:
                         lse2 = s_max[tidx] + cute.math.log2(total)
-                    m_part_lse[part_row0 + tidx] = lse2
+                    m_part_lse[mine + tidx] = lse2
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
             if split == 0:
@@ -463,24 +510,28 @@ class GqaDecodeSm90:
 
     @cute.jit
     def _write_rows(self, acc_o, coords_o, s_sum, m_out, q_row0, group, s_max, m_part_o,
-                    m_part_lse, part_row0=0):  # fmt: skip
+                    m_part_lse, part_row0):  # fmt: skip
         """Normalise and write this CTA's ``group`` real rows; with ``s_max`` given, first fold
-        in the other split's partial (its rows at ``part_row0`` of the workspace)."""
+        in the other splits' partials (their rows from ``part_row0`` of the workspace on)."""
         for i in cutlass.range_constexpr(cute.size(acc_o)):
             dim, n = coords_o[i]
             if n < group:
                 total = s_sum[n]
                 value = acc_o[i]
                 if cutlass.const_expr(s_max is not None):
-                    mine = s_max[n]
-                    theirs = m_part_lse[part_row0 + n]
-                    top = cute.arch.fmax(mine, theirs)
-                    if top == _NEG_INF:
-                        top = Float32(0.0)
-                    w_mine = Float32(cute.math.exp2(mine - top, fastmath=True))
-                    w_theirs = Float32(cute.math.exp2(theirs - top, fastmath=True))
-                    value = value * w_mine + m_part_o[part_row0 + n, dim] * w_theirs
-                    total = total * w_mine + w_theirs
+                    top = s_max[n]
+                    for r in cutlass.range_constexpr(self.cluster - 1):
+                        row = part_row0 + r * self.rows + n
+                        theirs = m_part_lse[row]
+                        new_top = cute.arch.fmax(top, theirs)
+                        base = new_top
+                        if new_top == _NEG_INF:
+                            base = Float32(0.0)
+                        w_mine = Float32(cute.math.exp2(top - base, fastmath=True))
+                        w_theirs = Float32(cute.math.exp2(theirs - base, fastmath=True))
+                        value = value * w_mine + m_part_o[row, dim] * w_theirs
+                        total = total * w_mine + w_theirs
+                        top = new_top
                 inv = Float32(0.0)
                 if total > 0.0:
                     inv = 1.0 / total
@@ -491,19 +542,30 @@ class GqaDecodeSm90:
 
 _COMPILED: dict[tuple, Any] = {}
 _WORKSPACES: dict[Any, Any] = {}
+_RETIRED: list[Any] = []
 
 
 def _workspace(device: Any, rows: int, head_dim: int) -> tuple[Any, Any]:
-    """The cluster merge's partials, grown on demand and reused (each call overwrites what it
-    reads, so no clearing; a captured graph keeps the buffer it saw)."""
+    """The cluster merge's partials (each call overwrites what it reads: no clearing).
+
+    Kept per device and grown on demand. A replaced buffer is retired, not freed, because a
+    captured CUDA graph may still point at it; and one made while a graph is being captured
+    belongs to the graph's memory pool, so it is not cached for later calls.
+    """
     import torch
 
-    have = _WORKSPACES.get(device)
-    if have is None or have[0].shape[0] < rows or have[0].shape[1] != head_dim:
-        have = (torch.empty(rows, head_dim, dtype=torch.float32, device=device),
-                torch.empty(rows, dtype=torch.float32, device=device))  # fmt: skip
-        _WORKSPACES[device] = have
-    return have
+    key = (device, head_dim)
+    have = _WORKSPACES.get(key)
+    if have is not None and have[0].shape[0] >= rows:
+        return have
+    fresh = (torch.empty(rows, head_dim, dtype=torch.float32, device=device),
+             torch.empty(rows, dtype=torch.float32, device=device))  # fmt: skip
+    capturing = torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if not capturing:
+        if have is not None:
+            _RETIRED.append(have)
+        _WORKSPACES[key] = fresh
+    return fresh
 
 
 def paged_decode_attention(
@@ -548,7 +610,8 @@ def paged_decode_attention(
     q2d = q.contiguous().view(batch * q_heads, head_dim)
     if q2d.shape[0] < rows:  # the query TMA box must not be taller than the tensor
         q2d = torch.cat([q2d, q2d.new_zeros(rows - q2d.shape[0], head_dim)])
-    part_o, part_lse = _workspace(q.device, max(batch * kv_heads * rows, 1), head_dim)
+    part_o, part_lse = _workspace(q.device, max(batch * kv_heads * (cluster - 1) * rows, 1),
+                                  head_dim)  # fmt: skip
     slots = pages * page_size
     args = (
         cute_tensor(q2d), cute_tensor(k_cache.view(slots, kv_heads * head_dim)),
@@ -560,7 +623,7 @@ def paged_decode_attention(
         cuda.CUstream(torch.cuda.current_stream().cuda_stream),
     )  # fmt: skip
     variant = (rows, head_dim, min(page_size, TILE), stages, cluster,
-               bool(cfg.get("evict_first", 1)))  # fmt: skip
+               bool(cfg.get("evict_first", 1)), bool(cfg.get("box", 1)))  # fmt: skip
     key = (*variant, kv_heads)  # the caches' row width is a compile-time extent
     fn = _COMPILED.get(key)
     if fn is None:

@@ -59,7 +59,7 @@ def _reference(inputs):
 
 
 @pytest.mark.parametrize("page_size", [8, 16, 32, 64, 128])
-@pytest.mark.parametrize(("cluster", "stages"), [(1, 3), (2, 3), (2, 2), (1, 6)])
+@pytest.mark.parametrize(("cluster", "stages"), [(1, 3), (2, 3), (2, 2), (1, 6), (3, 2), (4, 2)])
 def test_cute_decode_matches_reference(page_size, cluster, stages):
     inputs = _inputs(page_size)
     out = _run(inputs, {"cluster": cluster, "stages": stages})
@@ -78,7 +78,7 @@ def test_cute_decode_group_sizes_and_head_dims(q_heads, kv_heads, head_dim, clus
 
 
 @pytest.mark.parametrize("page_size", [16, 64])
-@pytest.mark.parametrize("cluster", [1, 2])
+@pytest.mark.parametrize("cluster", [1, 2, 3])
 def test_cute_decode_ignores_nan_past_each_request(page_size, cluster):
     """Slots past a request's length (in its last page, and whole unused pages) hold NaN: a
     fresh pool is uninitialised, and a zero softmax weight times NaN would still be NaN."""
@@ -96,7 +96,7 @@ def test_cute_decode_ignores_nan_past_each_request(page_size, cluster):
     torch.testing.assert_close(out.float(), want, **BF16)
 
 
-@pytest.mark.parametrize("cluster", [1, 2])
+@pytest.mark.parametrize("cluster", [1, 2, 3])
 def test_cute_decode_graph_replays_new_tables_and_lengths(cluster):
     """Capture once, then change lengths, block tables and queries in place (as the engine's
     replay does): each replay matches an eager call on the new inputs."""
