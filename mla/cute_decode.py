@@ -40,7 +40,14 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from tokenspeed.kernels.cute_ops.common import L2_EVICT_FIRST, accumulator_slot, cute_tensor
+from tokenspeed.kernels.cute_ops.common import (
+    L2_EVICT_FIRST,
+    accumulator_column,
+    accumulator_slot,
+    column_max,
+    column_sum,
+    cute_tensor,
+)
 
 from .configs import CUTE_TILE, cute_decode_plan
 
@@ -461,21 +468,17 @@ class MlaDecodeSm90(KvRingProducer):
                 j = accumulator_slot(i, rpw)
                 tile_max[j] = cute.arch.fmax(tile_max[j], v)
             for j in cutlass.range_constexpr(slots):
-                x = tile_max[j]
-                x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=4))
-                x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=8))
-                x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=16))
-                tile_max[j] = x
+                tile_max[j] = column_max(tile_max[j])
             parity = tile % 2
             if lane < 4:
                 for j in cutlass.range_constexpr(slots):
-                    n = 2 * lane + (j % 2) + 8 * (j // 2)
+                    n = accumulator_column(j, lane)
                     red[n, warp_in_wg, wg, parity] = tile_max[j]
             cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
             alpha = cute.make_rmem_tensor((slots,), Float32)
             m_use = cute.make_rmem_tensor((slots,), Float32)
             for j in cutlass.range_constexpr(slots):
-                n = 2 * (lane % 4) + (j % 2) + 8 * (j // 2)
+                n = accumulator_column(j, lane % 4)
                 x = m_i[j]
                 for w in cutlass.range_constexpr(4):
                     x = cute.arch.fmax(x, red[n, w, wg, parity])
@@ -500,7 +503,7 @@ class MlaDecodeSm90(KvRingProducer):
             cute.autovec_copy(r_p, t_sp)
             if warp_in_wg == 0 and lane < 4:
                 for j in cutlass.range_constexpr(slots):
-                    s_alpha[wg * rpw + 2 * lane + (j % 2) + 8 * (j // 2)] = alpha[j]
+                    s_alpha[wg * rpw + accumulator_column(j, lane)] = alpha[j]
             cute.arch.fence_proxy(
                 cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
             )
@@ -509,7 +512,7 @@ class MlaDecodeSm90(KvRingProducer):
             # o^T = o^T * alpha + kv_c^T @ p^T
             alpha_o = cute.make_rmem_tensor((self.rows // 4,), Float32)
             for j in cutlass.range_constexpr(self.rows // 4):
-                alpha_o[j] = s_alpha[2 * (lane % 4) + (j % 2) + 8 * (j // 2)]
+                alpha_o[j] = s_alpha[accumulator_column(j, lane % 4)]
             for i in cutlass.range_constexpr(cute.size(acc_o)):
                 acc_o[i] = acc_o[i] * alpha_o[accumulator_slot(i, self.rows)]
             vt = cute.make_tensor(s_kv[None, None, stage].iterator, vt_layout.outer)
@@ -527,19 +530,15 @@ class MlaDecodeSm90(KvRingProducer):
 
         # -- epilogue: row sums across the warp group, normalise, write --------------------------
         for j in cutlass.range_constexpr(slots):
-            x = l_i[j]
-            x = x + cute.arch.shuffle_sync_bfly(x, offset=4)
-            x = x + cute.arch.shuffle_sync_bfly(x, offset=8)
-            x = x + cute.arch.shuffle_sync_bfly(x, offset=16)
-            l_i[j] = x
+            l_i[j] = column_sum(l_i[j])
         if lane < 4:
             for j in cutlass.range_constexpr(slots):
-                n = 2 * lane + (j % 2) + 8 * (j // 2)
+                n = accumulator_column(j, lane)
                 red[n, warp_in_wg, wg, 0] = l_i[j]
         cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
         if warp_in_wg == 0 and lane < 4:
             for j in cutlass.range_constexpr(slots):
-                n = 2 * lane + (j % 2) + 8 * (j // 2)
+                n = accumulator_column(j, lane)
                 total = red[n, 0, wg, 0] + red[n, 1, wg, 0] + red[n, 2, wg, 0] + red[n, 3, wg, 0]
                 s_sum[wg * rpw + n] = total
                 s_max[wg * rpw + n] = m_i[j]

@@ -1,9 +1,12 @@
-"""What the CuTe DSL kernels share: the wgmma accumulator's column order, the L2 hint, and
-the torch-to-CuTe tensor view."""
+"""What the CuTe DSL kernels share: the wgmma accumulator's column order and the reductions
+down its rows (the token axis of a tokens-on-M product), the L2 hint, and the torch-to-CuTe
+tensor view."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import cutlass.cute as cute
 
 # The 64-bit L2 cache-policy operand of an evict-first load (the encoding CUTLASS's
 # TMA::CacheHintSm90::EVICT_FIRST uses): streamed tiles that are read once.
@@ -19,6 +22,28 @@ def accumulator_slot(i: int, cols: int) -> int:
     """
     within = i % (cols // 2)
     return (within % 2) + 2 * (within // 4)
+
+
+def accumulator_column(j: int, quad_lane: Any) -> Any:
+    """The column a thread's ``j``-th own accumulator column is (``accumulator_slot``'s
+    inverse); ``quad_lane`` is ``lane % 4``."""
+    return 2 * quad_lane + (j % 2) + 8 * (j // 2)
+
+
+def column_max(x: Any) -> Any:
+    """The maximum of ``x`` over the 8 lanes of a warp that hold the same accumulator
+    columns (lanes equal mod 4): a warp's 16 rows of those columns, with each thread's own two
+    rows already folded into ``x``."""
+    x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=4))
+    x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=8))
+    return cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=16))
+
+
+def column_sum(x: Any) -> Any:
+    """The sum of ``x`` over the same 8 lanes as ``column_max``."""
+    x = x + cute.arch.shuffle_sync_bfly(x, offset=4)
+    x = x + cute.arch.shuffle_sync_bfly(x, offset=8)
+    return x + cute.arch.shuffle_sync_bfly(x, offset=16)
 
 
 def cute_tensor(t: Any, align: int = 16, *, all_dynamic: bool = False) -> Any:

@@ -48,7 +48,14 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .common import L2_EVICT_FIRST, accumulator_slot, cute_tensor
+from .common import (
+    L2_EVICT_FIRST,
+    accumulator_column,
+    accumulator_slot,
+    column_max,
+    column_sum,
+    cute_tensor,
+)
 from .configs import gqa_decode_default_config
 
 TILE = 64  # KV tokens per tile: the wgmma M of both products
@@ -411,20 +418,16 @@ class GqaDecodeSm90:
                 for e in cutlass.range(tidx, (TILE - (end - tile_start)) * d, 128):
                     s_v_rows[end - tile_start + e // d, e % d, stage] = BFloat16(0.0)
             for j in cutlass.range_constexpr(slots):
-                x = tile_max[j]
-                x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=4))
-                x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=8))
-                x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=16))
-                tile_max[j] = x
+                tile_max[j] = column_max(tile_max[j])
             parity = tile % 2
             if lane < 4:
                 for j in cutlass.range_constexpr(slots):
-                    red[2 * lane + (j % 2) + 8 * (j // 2), warp, parity] = tile_max[j]
+                    red[accumulator_column(j, lane), warp, parity] = tile_max[j]
             cute.arch.barrier(barrier_id=1, number_of_threads=128)
             alpha = cute.make_rmem_tensor((slots,), Float32)
             m_use = cute.make_rmem_tensor((slots,), Float32)
             for j in cutlass.range_constexpr(slots):
-                n = 2 * (lane % 4) + (j % 2) + 8 * (j // 2)
+                n = accumulator_column(j, lane % 4)
                 x = m_i[j]
                 for w in cutlass.range_constexpr(4):
                     x = cute.arch.fmax(x, red[n, w, parity])
@@ -443,7 +446,7 @@ class GqaDecodeSm90:
             cute.autovec_copy(r_p, t_sp)
             if warp == 0 and lane < 4:
                 for j in cutlass.range_constexpr(slots):
-                    s_alpha[2 * lane + (j % 2) + 8 * (j // 2)] = alpha[j]
+                    s_alpha[accumulator_column(j, lane)] = alpha[j]
             cute.arch.fence_proxy(
                 cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
             )
@@ -466,18 +469,14 @@ class GqaDecodeSm90:
 
         # -- epilogue: row sums across the warp group, then this split's rows ------------------
         for j in cutlass.range_constexpr(slots):
-            x = l_i[j]
-            x = x + cute.arch.shuffle_sync_bfly(x, offset=4)
-            x = x + cute.arch.shuffle_sync_bfly(x, offset=8)
-            x = x + cute.arch.shuffle_sync_bfly(x, offset=16)
-            l_i[j] = x
+            l_i[j] = column_sum(l_i[j])
         if lane < 4:
             for j in cutlass.range_constexpr(slots):
-                red[2 * lane + (j % 2) + 8 * (j // 2), warp, 0] = l_i[j]
+                red[accumulator_column(j, lane), warp, 0] = l_i[j]
         cute.arch.barrier(barrier_id=1, number_of_threads=128)
         if warp == 0 and lane < 4:
             for j in cutlass.range_constexpr(slots):
-                n = 2 * lane + (j % 2) + 8 * (j // 2)
+                n = accumulator_column(j, lane)
                 s_sum[n] = red[n, 0, 0] + red[n, 1, 0] + red[n, 2, 0] + red[n, 3, 0]
                 s_max[n] = m_i[j]
         cute.arch.barrier(barrier_id=1, number_of_threads=128)
