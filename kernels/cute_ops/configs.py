@@ -14,6 +14,16 @@ def _sm_count() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
+SM90_SMEM_BYTES = 227 * 1024  # shared memory one CTA may use on Hopper
+
+
+def gqa_decode_smem_bytes(head_dim: int, stages: int, rows: int = 16) -> int:
+    """Shared memory of one GQA decode CTA: ``stages`` 64-token K and V tiles, the query block,
+    ``p^T``, and 4 KiB for barriers, row statistics and each buffer's 1 KiB alignment (an
+    upper bound), so a plan that does not fit is refused before it is compiled."""
+    return stages * 2 * 64 * head_dim * 2 + rows * head_dim * 2 + 64 * rows * 2 + 4 * 1024
+
+
 def gqa_decode_default_config(traits: dict[str, Any], sms: int | None = None) -> Config:
     """The H200 sweep's best plan by page size (2026-12-02, 16 x 8k tokens, Llama-3-8B heads).
 

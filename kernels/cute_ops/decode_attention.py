@@ -56,7 +56,7 @@ from .common import (
     column_sum,
     cute_tensor,
 )
-from .configs import gqa_decode_default_config
+from .configs import SM90_SMEM_BYTES, gqa_decode_default_config, gqa_decode_smem_bytes
 
 TILE = 64  # KV tokens per tile: the wgmma M of both products
 _NEG_INF = -math.inf
@@ -73,6 +73,9 @@ class GqaDecodeSm90:
             raise ValueError(f"rows={rows} must be 16 and head_dim={head_dim} 64/128")
         if page_block not in (8, 16, 32, 64) or not 1 <= cluster <= 4 or not 2 <= stages <= 8:
             raise ValueError(f"page_block={page_block}, cluster={cluster}, stages={stages}")
+        if gqa_decode_smem_bytes(head_dim, stages, rows) > SM90_SMEM_BYTES:
+            raise ValueError(f"{stages} stages of {head_dim}-dim K and V tiles do not fit in "
+                             "shared memory")  # fmt: skip
         self.rows = rows
         self.head_dim = head_dim
         self.page_block = page_block

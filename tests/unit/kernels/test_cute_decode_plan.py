@@ -49,3 +49,22 @@ def test_registry_traits_keep_the_cute_decode_to_long_contexts_of_128_groups():
     assert not fits(**{**base, "page_size": 24}, kv_groups=128, kv_len=8192)
     assert not fits(**{**base, "group_size": 32}, kv_groups=128, kv_len=8192)
     assert CUTE_SM90.min_compute == CUTE_SM90.max_compute == (9, 0)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "stages", "fits"),
+    [(128, 6, True), (128, 7, False), (64, 8, True)],  # 32 KiB of K + V per 128-dim stage
+)
+def test_smem_bound_decides_which_rings_fit(head_dim, stages, fits):
+    from tokenspeed.kernels.cute_ops.configs import SM90_SMEM_BYTES, gqa_decode_smem_bytes
+
+    need = gqa_decode_smem_bytes(head_dim, stages)
+    assert (need <= SM90_SMEM_BYTES) == fits
+    assert need >= stages * 2 * 64 * head_dim * 2  # at least the ring itself
+
+
+def test_config_space_fits_in_shared_memory():
+    from tokenspeed.kernels.cute_ops.configs import SM90_SMEM_BYTES, gqa_decode_smem_bytes
+
+    for cfg in gqa_decode_config_space(_traits(16, 16), sms=132):
+        assert gqa_decode_smem_bytes(128, cfg["stages"]) <= SM90_SMEM_BYTES
