@@ -37,6 +37,10 @@ Config = dict[str, Any]
 HEADS = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
 DECODE_SHAPES = ((64, 2048), (16, 8192))
 DECODE_PAGES = (16, 64)
+# "shuffled": each request's pages at random places in the pool (what a serving pool looks
+# like); "sequential": in order, so a request's cache is contiguous (``--page-order``), which
+# separates what scattered pages cost from what a page's size costs.
+DECODE_INPUTS = {"page_order": "shuffled"}
 # ``w2_order``: "k" stores each expert's down projection [H, I] (the checkpoints' layout), "n"
 # stores it [I, H] and passes the [H, I] view (what the one-pass kernel needs); ``--w2-order``.
 MOE = {"hidden": 2048, "intermediate": 768, "num_experts": 128, "top_k": 8, "w2_order": "k"}
@@ -67,7 +71,8 @@ class Case:
     def label(self) -> str:
         d = self.dims
         if self.op == "decode":
-            return f"decode b={d['batch']} kv={d['kv_len']} page={d['page_size']}"
+            order = "" if DECODE_INPUTS["page_order"] == "shuffled" else " seq"
+            return f"decode b={d['batch']} kv={d['kv_len']} page={d['page_size']}{order}"
         order = "" if MOE["w2_order"] == "k" else f" w2={MOE['w2_order']}"
         return f"moe tokens={d['tokens']}{order}"
 
@@ -308,7 +313,8 @@ class Workload:
 
 
 def _decode_inputs(d: dict[str, Any], seed: int) -> tuple[Any, ...]:
-    """K/V pages scattered at random over the pool (made on the GPU: fast)."""
+    """K/V pages scattered at random over the pool, or in order (``DECODE_INPUTS``; made on
+    the GPU: fast)."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     batch, kv_len, page = d["batch"], d["kv_len"], d["page_size"]
     pages = batch * (-(-kv_len // page))
@@ -316,6 +322,8 @@ def _decode_inputs(d: dict[str, Any], seed: int) -> tuple[Any, ...]:
     k = torch.randn(shape, generator=gen, device=DEVICE).to(DTYPE)
     v = torch.randn(shape, generator=gen, device=DEVICE).to(DTYPE)
     tables = torch.randperm(pages + 1, generator=gen, device=DEVICE)[:pages]
+    if DECODE_INPUTS["page_order"] == "sequential":
+        tables = torch.arange(1, pages + 1, device=DEVICE)
     tables = tables.view(batch, -1).to(torch.int32)
     q = torch.randn(batch, HEADS["num_q_heads"], HEADS["head_dim"], generator=gen,
                     device=DEVICE).to(DTYPE)  # fmt: skip
@@ -525,7 +533,7 @@ def _workload(
     return cache[case.shape]
 
 
-_SETTINGS = ("DEVICE", "DTYPE", "HEADS", "MOE")
+_SETTINGS = ("DEVICE", "DTYPE", "HEADS", "MOE", "DECODE_INPUTS")
 
 
 def _warm_worker(cases: list[Case], settings: dict[str, Any], l2: int) -> int:
@@ -582,8 +590,8 @@ def sweep(args: argparse.Namespace) -> int:
     print(f"parallel compile: {warmed}", flush=True)
     meta = {"parallel_compile": warmed}
     bounds = _bounds()
-    print(f"copy {bounds['copy_gbps']:.0f} GB/s, bf16 matmul {bounds['bf16_tflops']:.0f} TFLOP/s, "
-          f"{len(cases)} cases", flush=True)  # fmt: skip
+    print(f"copy {bounds['copy_gbps']:.0f} GB/s, read {bounds['read_gbps']:.0f} GB/s, bf16 matmul "
+          f"{bounds['bf16_tflops']:.0f} TFLOP/s, {len(cases)} cases", flush=True)  # fmt: skip
     works: dict[tuple, Workload] = {}
     rows: list[dict[str, Any]] = []
     lost = ""  # set once the CUDA context is unusable (a kernel faulted)
@@ -679,6 +687,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="processes that compile the kernels first (0: off)")  # fmt: skip
     parser.add_argument("--w2-order", choices=("k", "n"), default="k",
                         help="MoE down weights stored [H, I] (k) or [I, H] (n)")  # fmt: skip
+    parser.add_argument("--page-order", choices=("shuffled", "sequential"), default="shuffled",
+                        help="decode: each request's pages scattered over the pool or in order")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     return parser.parse_args(argv)
 
@@ -690,6 +700,7 @@ def _labels(arg: str | None) -> set[str] | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     MOE["w2_order"] = args.w2_order
+    DECODE_INPUTS["page_order"] = args.page_order
     if args.dry_run:
         sms = _sms()
         for case in plan(args.only, args.quick, sms, _labels(args.variants)):
