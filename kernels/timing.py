@@ -128,18 +128,36 @@ def time_gpu(
 
 
 def device_roofline(device: torch.device | None = None) -> dict[str, float]:
-    """Measured bounds of this GPU: device-copy bandwidth (read + write) and bf16 matmul rate."""
+    """Measured bounds of this GPU: device-copy bandwidth (read + write), read-only stream
+    bandwidth and bf16 matmul rate. Targets are stated against the copy; the read stream is
+    recorded beside it because a kernel that only reads (decode) can pass the copy rate, by a
+    margin that differs from one GPU to the next."""
     device = device or torch.device("cuda")
     nbytes = 2 * 2**30
     copy = _time_copy(nbytes, device)
+    read = _time_read(nbytes, device)
     n = 8192
     a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     mm = time_gpu(lambda _: torch.mm(a, b), [None], replays=20)
     return {
         "copy_gbps": 2 * nbytes / (copy.median_us * 1e-6) / 1e9,
+        "read_gbps": nbytes / (read.median_us * 1e-6) / 1e9,
         "bf16_tflops": 2 * n**3 / (mm.median_us * 1e-6) / 1e12,
     }
+
+
+def _time_read(nbytes: int, device: torch.device) -> Timing:
+    """The fastest read of ``nbytes`` through a reduction we can launch (a few bytes written):
+    torch's full and row-wise sums and max, the best of which is the read-stream bound."""
+    src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
+    rows = src.view(-1, 8192)
+    candidates = [
+        time_gpu(lambda _: src.sum(dtype=torch.float32), [None], replays=20),
+        time_gpu(lambda _: rows.sum(dim=1, dtype=torch.float32), [None], replays=20),
+        time_gpu(lambda _: rows.amax(dim=1), [None], replays=20),
+    ]
+    return min(candidates, key=lambda t: t.median_us)
 
 
 def _time_copy(nbytes: int, device: torch.device) -> Timing:

@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     from tokenspeed.kernels.timing import device_roofline
 
     bounds = device_roofline()
-    print(f"copy {bounds['copy_gbps']:.0f} GB/s, bf16 matmul {bounds['bf16_tflops']:.0f} TFLOP/s")
+    print(f"copy {bounds['copy_gbps']:.0f} GB/s, read {bounds['read_gbps']:.0f} GB/s, "
+          f"bf16 matmul {bounds['bf16_tflops']:.0f} TFLOP/s")  # fmt: skip
     results: list[dict] = []
     for q_len in (int(x) for x in args.q_lens.split(",")):
         for heads in (int(x) for x in args.heads.split(",")):

@@ -94,7 +94,9 @@ def test_the_run_records_every_case_and_survives_broken_variants(sweep, monkeypa
         monkeypatch.setattr(sweep, name, value)
     monkeypatch.setattr(sweep, "_sms", lambda: 2)
     monkeypatch.setattr(sweep, "_l2", lambda: 1 << 16)
-    monkeypatch.setattr(sweep, "_bounds", lambda: {"copy_gbps": 100.0, "bf16_tflops": 10.0})
+    monkeypatch.setattr(
+        sweep, "_bounds", lambda: {"copy_gbps": 100.0, "read_gbps": 110.0, "bf16_tflops": 10.0}
+    )
 
     def fake_time(fn, sets, replays):
         for inputs in sets:
