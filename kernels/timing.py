@@ -149,7 +149,8 @@ def device_roofline(device: torch.device | None = None) -> dict[str, float]:
 
 def _time_read(nbytes: int, device: torch.device) -> Timing:
     """The fastest read of ``nbytes`` through a reduction we can launch (a few bytes written):
-    torch's full and row-wise sums and max, the best of which is the read-stream bound."""
+    torch's full and row-wise sums and max. A rate reads are known to reach, not a proven
+    ceiling (a well-fed decode has read slightly faster)."""
     src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
     rows = src.view(-1, 8192)
     candidates = [

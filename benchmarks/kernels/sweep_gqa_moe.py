@@ -322,7 +322,7 @@ def _decode_inputs(d: dict[str, Any], seed: int) -> tuple[Any, ...]:
     k = torch.randn(shape, generator=gen, device=DEVICE).to(DTYPE)
     v = torch.randn(shape, generator=gen, device=DEVICE).to(DTYPE)
     tables = torch.randperm(pages + 1, generator=gen, device=DEVICE)[:pages]
-    if DECODE_INPUTS["page_order"] == "sequential":
+    if DECODE_INPUTS["page_order"] == "sequential":  # (the permutation still drawn: same q)
         tables = torch.arange(1, pages + 1, device=DEVICE)
     tables = tables.view(batch, -1).to(torch.int32)
     q = torch.randn(batch, HEADS["num_q_heads"], HEADS["head_dim"], generator=gen,
