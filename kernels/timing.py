@@ -18,7 +18,7 @@ import torch
 
 T = TypeVar("T")
 
-__all__ = ["Timing", "device_roofline", "l2_bytes", "rotating", "time_gpu"]
+__all__ = ["Timing", "device_roofline", "l2_bytes", "profile_call", "rotating", "time_gpu"]
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,18 @@ def device_roofline(device: torch.device | None = None) -> dict[str, float]:
         "read_gbps": nbytes / (read.median_us * 1e-6) / 1e9,
         "bf16_tflops": 2 * n**3 / (mm.median_us * 1e-6) / 1e12,
     }
+
+
+def profile_call(fn: Callable[[], Any], warmup: int = 2) -> None:
+    """Run ``fn`` ``warmup`` times unprofiled (compiles, warm state), then once between
+    ``cudaProfilerStart``/``Stop``, so ``ncu --profile-from-start off`` sees only that call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
 
 
 def _time_read(nbytes: int, device: torch.device) -> Timing:

@@ -48,13 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     def call() -> None:
         paged_decode_attention(*inputs, config=cfg)
 
-    for _ in range(2):
-        call()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    call()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    from tokenspeed.kernels.timing import profile_call
+
+    profile_call(call)
     return 0
 
 

@@ -15,8 +15,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep_decode import KV_LEN, SCALE, _inputs  # noqa: E402
 
@@ -36,13 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         cute_decode.mla_decode(inp["q"], inp["cache"], inp["tables"], inp["seq"], SCALE,
                                max_seq_len=KV_LEN, config=cfg)  # fmt: skip
 
-    for _ in range(2):
-        call()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    call()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    from tokenspeed.kernels.timing import profile_call
+
+    profile_call(call)
     return 0
 
 
