@@ -133,6 +133,21 @@ def _decode_variants(d: dict[str, Any], sms: int) -> Iterator[Variant]:
                 "num_splits": configs.decode_num_splits(traits, sms)}  # fmt: skip
     yield "previous-default", previous, False
     yield from _cute_decode_variants(traits, sms)
+    yield from _peer_decode_variants()
+
+
+def _peer_decode_variants() -> Iterator[Variant]:
+    """FlashInfer's decode, the peer issue #7 names, where it is installed: on CUDA cores, and
+    on tensor cores through its FlashAttention-2 and (Hopper) -3 prefill kernels."""
+    if DEVICE != "cuda":
+        return
+    from flashinfer_gqa import available
+
+    if not available():
+        return
+    yield "flashinfer", {"kernel": "flashinfer", "tensor_cores": False}, False
+    yield "flashinfer-tc", {"kernel": "flashinfer", "tensor_cores": True, "backend": "fa2"}, False
+    yield "flashinfer-fa3", {"kernel": "flashinfer", "tensor_cores": True, "backend": "fa3"}, False
 
 
 def _cute_decode_variants(traits: dict[str, Any], sms: int) -> Iterator[Variant]:
@@ -385,6 +400,11 @@ def _moe_workload(d: dict[str, Any], l2: int, reference: bool = True) -> Workloa
 
 
 def _runner(case: Case) -> Callable[[tuple[Any, ...]], torch.Tensor]:
+    if case.op == "decode" and (case.config or {}).get("kernel") == "flashinfer":
+        from flashinfer_gqa import FlashInferDecode
+
+        peer = FlashInferDecode(case.config["tensor_cores"], case.config.get("backend", "auto"))
+        return lambda inp: peer(*inp)
     if case.op == "decode" and (case.config or {}).get("kernel") == "cute":
         from tokenspeed.kernels.cute_ops import decode_attention as cute_decode
 

@@ -2,6 +2,7 @@
 
     ncu --profile-from-start off --set full -o REPORT \\
         python3 benchmarks/mla/profile_decode.py --heads 32 [--config '{"layout": "heads"}']
+    ... --kernel flashinfer     # the peer (FlashInfer's SM90 MLA kernel), where installed
 
 Builds the inputs of ``sweep_decode.py`` (batch 128 x 4096 tokens, page 64, bf16), runs the
 call twice unprofiled (compile, warm caches' state), then once between
@@ -24,13 +25,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--q-len", type=int, default=1)
     parser.add_argument("--config", default="{}", help="cute_decode config (JSON)")
+    parser.add_argument("--kernel", choices=("cute", "flashinfer"), default="cute")
     args = parser.parse_args(argv)
     from tokenspeed.mla import cute_decode
 
     inp = _inputs(args.heads, args.q_len)
     cfg = json.loads(args.config)
+    out = inp["q"].new_empty(*inp["q"].shape[:-1], 512)
+    peer = None
+    if args.kernel == "flashinfer":
+        from flashinfer_mla import FlashInferMlaDecode
+
+        peer = FlashInferMlaDecode("fa3")
 
     def call() -> None:
+        if peer is not None:
+            peer(inp["q"], inp["cache"], inp["tables"], inp["seq"], SCALE, out)
+            return
         cute_decode.mla_decode(inp["q"], inp["cache"], inp["tables"], inp["seq"], SCALE,
                                max_seq_len=KV_LEN, config=cfg)  # fmt: skip
 
