@@ -278,6 +278,10 @@ def cute_decode_plan(
         # KV tiles loaded with the L2 evict-first hint (cute_decode.KvRingProducer): 0.3-2.5 %
         # faster at 11 of 12 shapes over two H200 runs (docs/mla.md); 0 turns it off
         "evict_first": int(cfg.get("evict_first", 1)),
+        # the producer reads the next tile's block-table entries before waiting for a free
+        # stage (cute_decode.KvRingProducer); 0: after, on every tile's load latency. The FP8
+        # loader reads them just in time (its prefetching build failed a GPU test, docs/mla.md)
+        "page_prefetch": 0 if fp8 else int(cfg.get("page_prefetch", 1)),
         "fp8_stages": fp8_stages,
         "converter_wgs": int(cfg["converter_wgs"]) if fp8 else 0,
         "num_splits": splits,

@@ -66,7 +66,15 @@ class KvRingProducer:
     or 64 for larger pages), ``copies_per_tile`` (``TILE // page_block``), ``stages`` and
     ``evict_first`` (load KV tiles with the L2 evict-first hint, FlashMLA's choice: each tile
     is read by the CTAs of one request at about the same time and then never again).
+
+    ``page_prefetch`` (default on): the producer reads the block-table entries of the next
+    tile before it waits for a free stage, so the read has landed when the stage frees and
+    the copies go out at once; off, each tile's copies wait for a block-table read issued
+    only once the stage is free (a global load under full memory traffic, on every tile's
+    load latency).
     """
+
+    page_prefetch = True
 
     @cute.jit
     def _make_tmas(self, m_q: cute.Tensor, m_kv: cute.Tensor, q_layout, kv_layout):
@@ -152,6 +160,22 @@ class KvRingProducer:
         cute.copy(tma_q_atom, t_qg, t_qs[(None, 0)], tma_bar_ptr=q_bar)
 
     @cute.jit
+    def _tile_boxes(self, boxes, at, m_bt, b, tile_start, end, page_size, past_end):
+        """The box index of each page block of the tile at ``tile_start``, into ``boxes[at +
+        c]``. A block wholly past the split's end gets ``past_end``; its block-table read is
+        clamped to a valid entry, so every read is unconditional and all can be in flight at
+        once (nothing waits for them until the copies are issued)."""
+        for c in cutlass.range_constexpr(self.copies_per_tile):
+            pos = tile_start + c * self.page_block
+            page = m_bt[b, cutlass.max(cutlass.min(pos, end - 1), 0) // page_size]
+            box = (page * page_size + pos % page_size) // self.page_block
+            if pos >= end:
+                box = past_end
+            if cutlass.const_expr(self.ablation == "l2_loads"):
+                box = Int32(c)  # every tile the cache's first boxes: L2 hits, not HBM
+            boxes[at + c] = box
+
+    @cute.jit
     def _produce(
         self, tma_kv_atom, tma_kv, tma_q_atom, tma_q, s_kv, s_q, q_bar, kv_pipe, m_bt, b,
         rows_per_req, row0, start, end, n_tiles, page_size,
@@ -165,22 +189,27 @@ class KvRingProducer:
             tma_kv_atom, 0, cute.make_layout(1), cute.group_modes(s_boxes, 0, 2),
             cute.group_modes(g_boxes, 0, 2),
         )  # fmt: skip
-        n_boxes = cute.size(g_boxes, mode=[2])
+        # A box wholly past the split's end reads nothing real: point it past the cache
+        # (TMA zero-fills out-of-range boxes and still counts their bytes).
+        n_boxes = Int32(cute.size(g_boxes, mode=[2]))
+        cpt = self.copies_per_tile
+        ahead = cute.make_rmem_tensor((cpt,), Int32)
+        if cutlass.const_expr(self.page_prefetch):
+            self._tile_boxes(ahead, 0, m_bt, b, start, end, page_size, n_boxes)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for tile in cutlass.range(n_tiles, unroll=1):
+            now = cute.make_rmem_tensor((cpt,), Int32)
+            if cutlass.const_expr(self.page_prefetch):
+                for c in cutlass.range_constexpr(cpt):
+                    now[c] = ahead[c]
+                self._tile_boxes(ahead, 0, m_bt, b, start + (tile + 1) * TILE, end, page_size,
+                                 n_boxes)  # fmt: skip
             kv_pipe.producer_acquire(state)
-            for c in cutlass.range_constexpr(self.copies_per_tile):
-                pos = start + tile * TILE + c * self.page_block
-                # A box wholly past the split's end reads nothing real: point it past the
-                # cache (TMA zero-fills out-of-range boxes and still counts their bytes).
-                box = Int32(n_boxes)
-                if pos < end:
-                    page = m_bt[b, pos // page_size]
-                    box = (page * page_size + pos % page_size) // self.page_block
-                if cutlass.const_expr(self.ablation == "l2_loads"):
-                    box = Int32(c)  # every tile the cache's first boxes: L2 hits, not HBM
+            if cutlass.const_expr(not self.page_prefetch):
+                self._tile_boxes(now, 0, m_bt, b, start + tile * TILE, end, page_size, n_boxes)
+            for c in cutlass.range_constexpr(cpt):
                 cute.copy(
-                    tma_kv_atom, t_kvg[(None, box)], t_kvs[(None, c, 0, state.index)],
+                    tma_kv_atom, t_kvg[(None, now[c])], t_kvs[(None, c, 0, state.index)],
                     tma_bar_ptr=kv_pipe.producer_get_barrier(state), **self._kv_load_hint(),
                 )  # fmt: skip
             kv_pipe.producer_commit(state)
@@ -595,7 +624,8 @@ def _unused_partials(device: Any) -> tuple[Any, Any]:
 def _compiled(key: tuple, args: tuple) -> Any:
     fn = _COMPILED.get(key)
     if fn is None:
-        fp8, layout, rows, wgs, page_block, stages, evict_first, split, write_lse, ablation = key
+        (fp8, layout, rows, wgs, page_block, stages, evict_first, split, write_lse, ablation,
+         page_prefetch) = key  # fmt: skip
         if fp8:
             from .cute_decode_fp8 import MlaDecodeFp8Sm90
 
@@ -616,6 +646,7 @@ def _compiled(key: tuple, args: tuple) -> Any:
             kernel = MlaDecodeSm90(
                 rows, wgs, page_block, stages, split, write_lse, ablation, evict_first
             )
+        kernel.page_prefetch = page_prefetch
         fn = _COMPILED[key] = cute.compile(kernel, *args)
     return fn
 
@@ -707,7 +738,8 @@ def mla_decode(
     fp8_key = (plan["fp8_stages"], kv_scale.numel() != 1, plan["converter_wgs"]) if fp8 else None
     key = (fp8_key, plan["layout"], plan["rows"], plan["wgs"], plan["page_block"], plan["stages"],
            bool(plan["evict_first"]), splits > 1, return_lse,
-           str((config or {}).get("ablation", "")))  # fmt: skip
+           str((config or {}).get("ablation", "")),
+           bool(plan["page_prefetch"]))  # fmt: skip
     _compiled(key, args)(*args)
     if splits > 1:
         _mla_decode_merge_kernel[(rows_total,)](

@@ -285,37 +285,51 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             tma_kv_atom, 0, cute.make_layout(1), cute.group_modes(s_boxes, 0, 2),
             cute.group_modes(g_boxes, 0, 2),
         )  # fmt: skip
-        n_boxes = cute.size(g_boxes, mode=[2])
+        # a box wholly past the split's end reads nothing real: point it past the cache (TMA
+        # zero-fills it and still counts its bytes)
+        n_boxes = Int32(cute.size(g_boxes, mode=[2]))
+        cpt = self.copies_per_tile
         n_pairs = (n_tiles + 1) // 2
+        # the boxes of a pair's two tiles, read a pair ahead (page_prefetch) or just in time
+        ahead = cute.make_rmem_tensor((2 * cpt,), Int32)
+        if cutlass.const_expr(self.page_prefetch):
+            self._pair_boxes(ahead, m_bt, b, start, end, page_size, n_boxes)
         for p in cutlass.range(n_pairs, unroll=1):
+            now = cute.make_rmem_tensor((2 * cpt,), Int32)
+            if cutlass.const_expr(self.page_prefetch):
+                for i in cutlass.range_constexpr(2 * cpt):
+                    now[i] = ahead[i]
+                self._pair_boxes(ahead, m_bt, b, start + (2 * p + 2) * TILE, end, page_size,
+                                 n_boxes)  # fmt: skip
             for stage, half in _LOAD_ORDER:
                 tile = 2 * p + stage
                 if tile < n_tiles:
                     slot = 2 * stage + half
                     if p > 0:  # the consumers released this half of the previous pair
                         cute.arch.mbarrier_wait(empty + slot, (p - 1) % 2)
+                    if cutlass.const_expr(not self.page_prefetch):
+                        self._tile_boxes(now, stage * cpt, m_bt, b, start + tile * TILE, end,
+                                         page_size, n_boxes)  # fmt: skip
                     first = half * LO_PIECES
                     pieces = LO_PIECES if half == 0 else HI_PIECES
                     with cute.arch.elect_one():
                         cute.arch.mbarrier_arrive_and_expect_tx(
                             full + slot, TILE * pieces * PIECE * 2
                         )
-                    for c in cutlass.range_constexpr(self.copies_per_tile):
-                        pos = start + tile * TILE + c * self.page_block
-                        # a box wholly past the split's end reads nothing real: point it past
-                        # the cache (TMA zero-fills it and still counts its bytes)
-                        box = Int32(n_boxes)
-                        if pos < end:
-                            page = m_bt[b, pos // page_size]
-                            box = (page * page_size + pos % page_size) // self.page_block
-                        if cutlass.const_expr(self.ablation == "l2_loads"):
-                            box = Int32(c)  # the cache's first boxes: L2 hits, not HBM
+                    for c in cutlass.range_constexpr(cpt):
                         for k in cutlass.range_constexpr(pieces):
                             cute.copy(
-                                tma_kv_atom, t_kvg[(None, box, first + k)],
+                                tma_kv_atom, t_kvg[(None, now[stage * cpt + c], first + k)],
                                 t_kvs[(None, c, first + k, stage)], tma_bar_ptr=full + slot,
                                 **self._kv_load_hint(),
                             )  # fmt: skip
+
+    @cute.jit
+    def _pair_boxes(self, boxes, m_bt, b, pair_start, end, page_size, past_end):
+        """The boxes of the two tiles from ``pair_start``: tile ``s``'s at ``s * copies``."""
+        for stage in cutlass.range_constexpr(2):
+            self._tile_boxes(boxes, stage * self.copies_per_tile, m_bt, b,
+                             pair_start + stage * TILE, end, page_size, past_end)  # fmt: skip
 
     @cute.jit
     def _consume(

@@ -107,6 +107,9 @@ def variants(
             configs.append(("cute heads", {"layout": "heads"}))  # the one-tile seesaw
             configs.append(("cute pairs", {"layout": "pairs"}))  # the default, named
         configs += [("cute plain loads", {"evict_first": 0})]  # no L2 evict-first hint
+        # block-table entries read when a stage frees, not a tile ahead (the code until
+        # 2026-12-02)
+        configs += [("cute no page prefetch", {"page_prefetch": 0})]
         # leaving products out or loading from L2 (benchmark-only); the pairs kernel, the
         # default from 64 rows, has only the L2 one, so there the others place the one-tile
         # seesaw's time
@@ -123,7 +126,24 @@ def variants(
                 lambda q, c, k, t, s, o, cfg=cfg: cute_decode.mla_decode(
                     q, c, t, s, SCALE, out=o, max_seq_len=KV_LEN, config=cfg),
             ))  # fmt: skip
+    if not fp8 and (only is None or PEER in only):
+        out += _peer_variants()
     return [v for v in out if only is None or v[0] in only]
+
+
+PEER = "flashinfer fa3"
+
+
+def _peer_variants() -> list[tuple[str, Callable[..., Any]]]:
+    """FlashInfer's MLA decode, the peer issue #8 names, where it is installed (bf16 only:
+    its SM90 MLA kernel takes no FP8 cache)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from flashinfer_mla import FlashInferMlaDecode, available
+
+    if not available():
+        return []
+    peer = FlashInferMlaDecode("fa3")
+    return [(PEER, lambda q, c, k, t, s, o: peer(q, c, t, s, SCALE, o))]
 
 
 def _metrics(

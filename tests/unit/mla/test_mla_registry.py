@@ -144,6 +144,12 @@ def test_cute_decode_plan_rows_groups_pages_and_workspace():
     assert configs.cute_decode_plan(8, 1, 64, 4096, 64)["evict_first"] == 1
     plain = configs.cute_decode_plan(8, 1, 64, 4096, 64, config={"evict_first": 0})
     assert plain["evict_first"] == 0
+    # the producer reads the next tile's block-table entries ahead, unless turned off; the
+    # FP8 loader always reads them just in time
+    assert configs.cute_decode_plan(8, 1, 32, 4096, 64)["page_prefetch"] == 1
+    late = configs.cute_decode_plan(8, 1, 32, 4096, 64, config={"page_prefetch": 0})
+    assert late["page_prefetch"] == 0
+    assert configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True)["page_prefetch"] == 0
 
 
 def test_cute_fp8_decode_plan_rings_and_limits():
