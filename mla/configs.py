@@ -255,7 +255,17 @@ def cute_decode_plan(
     row_blocks = -(-rows_per_req // rows)
     if page_size >= CUTE_TILE and page_size % CUTE_TILE:
         raise ValueError(f"page_size={page_size}: pages of 64 tokens or more must hold whole tiles")
-    page_block = min(page_size, CUTE_TILE)
+    # The pairs kernel's tile: 32 tokens (a ring of two pairs, so a pair's loads go out a
+    # pair ahead) for one 64-row block per request, whose loads set the pace: 175.8 against
+    # 178.1 us on average at 64 heads, faster in 5 of 6 paired H200 readings (docs/mla.md),
+    # with O rescaled only where a row's max moved (its consumer alone 149-156 against 164
+    # us). 64 tokens for more rows: there the second row block's loads hit L2, the consumer
+    # sets the pace, and 32-token products cost 7 %.
+    default_tile = 32 if layout == "pairs" and rows_per_req <= 64 else CUTE_TILE
+    tile = int(cfg.get("tile", default_tile))
+    if tile not in (32, CUTE_TILE) or (tile != CUTE_TILE and layout != "pairs"):
+        raise ValueError(f"tile={tile}: the pairs layout takes 32 or 64 tokens, others 64")
+    page_block = min(page_size, tile)
     splits = num_splits or cfg.get("num_splits")
     if not splits:  # one CTA per SM: the ring of 72 KiB tiles takes most of shared memory
         splits = decode_num_splits(batch, row_blocks, kv_len, block_h=64)
@@ -274,6 +284,10 @@ def cute_decode_plan(
         "wgs": wgs,
         "row_blocks": row_blocks,
         "page_block": page_block,
+        "tile": tile,
+        # the pairs kernel skips rescaling a thread's O when its rows kept their max (faster
+        # with 32-token tiles; not with 64)
+        "lazy_rescale": int(cfg.get("lazy_rescale", tile == 32)) if layout == "pairs" else 0,
         "stages": stages,
         # KV tiles loaded with the L2 evict-first hint (cute_decode.KvRingProducer): 0.3-2.5 %
         # faster at 11 of 12 shapes over two H200 runs (docs/mla.md); 0 turns it off

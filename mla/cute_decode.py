@@ -75,6 +75,7 @@ class KvRingProducer:
     """
 
     page_prefetch = True
+    tile = TILE  # KV tokens per tile the consumers take at a time (splits stay whole 64s)
 
     @cute.jit
     def _make_tmas(self, m_q: cute.Tensor, m_kv: cute.Tensor, q_layout, kv_layout):
@@ -117,7 +118,7 @@ class KvRingProducer:
         per_split = (((seq_len + num_splits - 1) // num_splits + TILE - 1) // TILE) * TILE
         start = split * per_split
         end = cutlass.min(start + per_split, seq_len)
-        n_tiles = cutlass.max((end - start + TILE - 1) // TILE, 0)
+        n_tiles = cutlass.max((end - start + self.tile - 1) // self.tile, 0)
         return seq_len, start, end, n_tiles
 
     @cute.jit
@@ -625,7 +626,7 @@ def _compiled(key: tuple, args: tuple) -> Any:
     fn = _COMPILED.get(key)
     if fn is None:
         (fp8, layout, rows, wgs, page_block, stages, evict_first, split, write_lse, ablation,
-         page_prefetch) = key  # fmt: skip
+         page_prefetch, tile, lazy_rescale) = key  # fmt: skip
         if fp8:
             from .cute_decode_fp8 import MlaDecodeFp8Sm90
 
@@ -641,7 +642,9 @@ def _compiled(key: tuple, args: tuple) -> Any:
         elif layout == "pairs":
             from .cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
 
-            kernel = MlaDecodeSeesawPairsSm90(page_block, split, write_lse, evict_first, ablation)
+            kernel = MlaDecodeSeesawPairsSm90(
+                page_block, split, write_lse, evict_first, ablation, tile, lazy_rescale
+            )
         else:
             kernel = MlaDecodeSm90(
                 rows, wgs, page_block, stages, split, write_lse, ablation, evict_first
@@ -739,7 +742,7 @@ def mla_decode(
     key = (fp8_key, plan["layout"], plan["rows"], plan["wgs"], plan["page_block"], plan["stages"],
            bool(plan["evict_first"]), splits > 1, return_lse,
            str((config or {}).get("ablation", "")),
-           bool(plan["page_prefetch"]))  # fmt: skip
+           bool(plan["page_prefetch"]), plan["tile"], bool(plan["lazy_rescale"]))  # fmt: skip
     _compiled(key, args)(*args)
     if splits > 1:
         _mla_decode_merge_kernel[(rows_total,)](

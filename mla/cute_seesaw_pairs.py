@@ -5,7 +5,7 @@ consumer warp groups that score *two* KV tiles at once and hand the softmax over
 ``cute_seesaw.py`` gives every tile to one owner group: the owner scores it and runs its
 softmax while the other group waits, so the tensor cores idle during every softmax (the
 profile in docs/mla.md: half the stall samples at 128 heads are the groups waiting on each
-other). Here the tiles go in pairs ``(A, B)``, A in ring stage 0 and B in stage 1, and each
+other). Here the tiles go in pairs ``(A, B)``, A in one ring stage and B in the next, and each
 group scores its own tile of the pair (group 0 tile A, group 1 tile B). ``O[64, 512]`` is
 split by columns: group 0 owns ``O_L`` (dims 0-255), group 1 ``O_R`` (256-511). One pair:
 
@@ -28,6 +28,14 @@ ends, so the next A's first 256 dims are on their way while the pair is still be
 and the next A's scores start on them while its ``hi`` half lands. The halves free up in the
 order A lo, B hi, A hi, B lo; a producer warp reads the block table and issues the TMA copies
 (one 64-dim box at a time) in that order, and group 1 scores its tile hi half first.
+
+**Tiles of 64 or 32 tokens.** With 64-token tiles a pair fills the ring's two 72 KiB stages,
+so most of the next pair's bytes go out only at this pair's end and are needed at once: the
+loads set the pace for one 64-row block per request. With 32-token tiles (``tile=32``) the same
+144 KiB is four stages and holds two pairs; pair ``p`` uses stages ``2 (p % 2)`` and ``+1``, so
+its loads are issued while pair ``p - 1`` is computed. The products are half as wide and the
+softmax hand-over comes twice as often per token (the consumer alone is slower), which pays
+only where the loads, not the consumer, set the pace (the plan's rule, ``configs.py``).
 
 **Where ``P`` goes.** Query (72 KiB) and two tiles (144 KiB) leave room for one 8 KiB ``P``
 block, not two. ``P_A`` has it; ``P_B`` is written over the query's rope dims, which each group
@@ -85,14 +93,22 @@ _LOAD_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))  # (stage, half)
 
 class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     """One compiled variant: page copy size, split output or not, LSE or not, the L2
-    evict-first hint, a benchmark-only ablation."""
+    evict-first hint, a benchmark-only ablation, and the tile size.
+
+    ``tile`` 64: a pair is two 64-token tiles and fills the ring's two stages, so the next
+    pair's loads wait for this pair's releases. ``tile`` 32: a pair is one 64-token stretch
+    and the ring holds two pairs (four 36 KiB stages), so a pair's loads are issued while the
+    pair before it is computed: a whole pair of look-ahead, for smaller products.
+    """
 
     def __init__(
         self, page_block: int, split: bool, write_lse: bool, evict_first: bool = False,
-        ablation: str = "",
+        ablation: str = "", tile: int = TILE, lazy_rescale: bool = False,
     ) -> None:  # fmt: skip
-        if page_block not in (8, 16, 32, 64):
-            raise ValueError(f"page_block={page_block} must be 8, 16, 32 or 64")
+        if tile not in (32, 64):
+            raise ValueError(f"tile={tile} must be 32 or 64 tokens")
+        if page_block not in (8, 16, 32, 64) or page_block > tile:
+            raise ValueError(f"page_block={page_block} must be 8, 16, 32 or 64 and fit a tile")
         # Benchmark-only: "l2_loads" copies every tile from the cache's first boxes (L2
         # hits), so the ring fills at L2 speed and the consumers' own time shows (the results
         # are then wrong; see ``MlaDecodeSm90``).
@@ -100,9 +116,12 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             raise ValueError(f"the pairs kernel has no ablation {ablation!r}")
         self.ablation = ablation
         self.rows = ROWS
-        self.stages = 2  # tile A and tile B of a pair
+        self.tile = tile
+        self.lazy_rescale = lazy_rescale
+        self.ring_pairs = TILE // tile  # pairs the ring holds at once
+        self.stages = 2 * self.ring_pairs  # tile A and tile B of each
         self.page_block = page_block
-        self.copies_per_tile = TILE // page_block
+        self.copies_per_tile = tile // page_block
         self.split = split
         self.write_lse = write_lse
         self.evict_first = evict_first
@@ -136,7 +155,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
 
         def scores_mma(a_source=warpgroup.OperandSource.SMEM):
             return sm90_utils.make_trivial_tiled_mma(
-                BFloat16, BFloat16, k_major, k_major, Float32, (1, 1, 1), tiler_mn=(ROWS, TILE),
+                BFloat16, BFloat16, k_major, k_major, Float32, (1, 1, 1), tiler_mn=(ROWS, self.tile),
                 a_source=a_source,
             )  # fmt: skip
 
@@ -155,19 +174,21 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         row_major = utils.LayoutEnum.ROW_MAJOR
         q_layout = sm90_utils.make_smem_layout_a(row_major, (ROWS, TILE, D_QK), BFloat16, 1)
         kv_layout = sm90_utils.make_smem_layout_b(
-            row_major, (ROWS, TILE, D_QK), BFloat16, self.stages
+            row_major, (ROWS, self.tile, D_QK), BFloat16, self.stages
         )
         v_layout = sm90_utils.make_smem_layout_b(
-            utils.LayoutEnum.COL_MAJOR, (ROWS, D_LATENT, TILE), BFloat16, 1
+            utils.LayoutEnum.COL_MAJOR, (ROWS, D_LATENT, self.tile), BFloat16, 1
         )
+        # P blocks stay 64 columns (the 128-byte swizzle the query's rope dims have, where P_B
+        # goes); a 32-token tile's P fills the first 32
         p_layout = sm90_utils.make_smem_layout_a(row_major, (ROWS, HALF_V, TILE), BFloat16, 1)
         tma_kv_atom, tma_kv = self._make_piece_tma(m_kv, kv_layout)
         tma_q_atom, tma_q = self._make_q_tma(m_q, q_layout)
 
         @cute.struct
         class SharedStorage:
-            full: cute.struct.MemRange[cutlass.Int64, 4]
-            empty: cute.struct.MemRange[cutlass.Int64, 4]
+            full: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            empty: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             q_bar: cute.struct.MemRange[cutlass.Int64, 1]
             m0: cute.struct.MemRange[Float32, ROWS]  # group 0's running max after tile A
             scale0: cute.struct.MemRange[Float32, ROWS]
@@ -194,7 +215,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         """The TMA atom of one box: ``page_block`` tokens x 64 dims of a stage (same strides)."""
         kv_stage = cute.slice_(kv_layout, (None, None, 0))
         box_outer = cute.composition(
-            kv_stage.outer, cute.make_layout((self.page_block, PIECE), stride=(1, TILE))
+            kv_stage.outer, cute.make_layout((self.page_block, PIECE), stride=(1, self.tile))
         )
         box_layout = cute.make_composed_layout(kv_stage.inner, 0, box_outer)
         return cpasync.make_tiled_tma_atom(
@@ -249,7 +270,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         q_bar = storage.q_bar.data_ptr()
         if warp == 0:
             with cute.arch.elect_one():
-                for i in cutlass.range_constexpr(4):
+                for i in cutlass.range_constexpr(2 * self.stages):
                     cute.arch.mbarrier_init(full + i, 1)
                     cute.arch.mbarrier_init(empty + i, _RELEASERS)
         self._init_query_barrier(warp, q_bar)  # fences the inits and syncs the CTA
@@ -299,27 +320,28 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             if cutlass.const_expr(self.page_prefetch):
                 for i in cutlass.range_constexpr(2 * cpt):
                     now[i] = ahead[i]
-                self._pair_boxes(ahead, m_bt, b, start + (2 * p + 2) * TILE, end, page_size,
-                                 n_boxes)  # fmt: skip
-            for stage, half in _LOAD_ORDER:
-                tile = 2 * p + stage
+                self._pair_boxes(ahead, m_bt, b, start + (2 * p + 2) * self.tile, end,
+                                 page_size, n_boxes)  # fmt: skip
+            for which, half in _LOAD_ORDER:
+                tile = 2 * p + which
                 if tile < n_tiles:
+                    stage = self._stage(p, which)
                     slot = 2 * stage + half
-                    if p > 0:  # the consumers released this half of the previous pair
-                        cute.arch.mbarrier_wait(empty + slot, (p - 1) % 2)
+                    if p >= self.ring_pairs:  # released by the pair that held these stages
+                        cute.arch.mbarrier_wait(empty + slot, self._phase(p - self.ring_pairs))
                     if cutlass.const_expr(not self.page_prefetch):
-                        self._tile_boxes(now, stage * cpt, m_bt, b, start + tile * TILE, end,
-                                         page_size, n_boxes)  # fmt: skip
+                        self._tile_boxes(now, which * cpt, m_bt, b, start + tile * self.tile,
+                                         end, page_size, n_boxes)  # fmt: skip
                     first = half * LO_PIECES
                     pieces = LO_PIECES if half == 0 else HI_PIECES
                     with cute.arch.elect_one():
                         cute.arch.mbarrier_arrive_and_expect_tx(
-                            full + slot, TILE * pieces * PIECE * 2
+                            full + slot, self.tile * pieces * PIECE * 2
                         )
                     for c in cutlass.range_constexpr(cpt):
                         for k in cutlass.range_constexpr(pieces):
                             cute.copy(
-                                tma_kv_atom, t_kvg[(None, now[stage * cpt + c], first + k)],
+                                tma_kv_atom, t_kvg[(None, now[which * cpt + c], first + k)],
                                 t_kvs[(None, c, first + k, stage)], tma_bar_ptr=full + slot,
                                 **self._kv_load_hint(),
                             )  # fmt: skip
@@ -327,9 +349,20 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     @cute.jit
     def _pair_boxes(self, boxes, m_bt, b, pair_start, end, page_size, past_end):
         """The boxes of the two tiles from ``pair_start``: tile ``s``'s at ``s * copies``."""
-        for stage in cutlass.range_constexpr(2):
-            self._tile_boxes(boxes, stage * self.copies_per_tile, m_bt, b,
-                             pair_start + stage * TILE, end, page_size, past_end)  # fmt: skip
+        for which in cutlass.range_constexpr(2):
+            self._tile_boxes(boxes, which * self.copies_per_tile, m_bt, b,
+                             pair_start + which * self.tile, end, page_size, past_end)  # fmt: skip
+
+    def _stage(self, pair, which: int):
+        """The ring stage of pair ``pair``'s tile A (``which`` 0) or B (1): a compile-time
+        constant when the ring holds one pair."""
+        if self.ring_pairs == 1:
+            return which
+        return 2 * (pair % self.ring_pairs) + which
+
+    def _phase(self, pair):
+        """The parity of pair ``pair``'s use of its stages' barriers."""
+        return (pair // self.ring_pairs) % 2
 
     @cute.jit
     def _consume(
@@ -349,17 +382,19 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             empty=empty, storage=storage, scale_log2=scale_log2, start=start, end=end,
             row0=row0, num_heads=num_heads, first_t=seq_len - q_len,  # kv pos of query token 0
         )  # fmt: skip
-        # -- scores: S = Q @ K^T (64 rows x 64 tokens) ------------------------------------------
+        # -- scores: S = Q @ K^T (64 rows x tile tokens) --------------------------------------
         thr_s = mma_s.get_slice(wg_tidx)
         c.r_sa = mma_s.make_fragment_A(thr_s.partition_A(s_q[None, None, 0]))  # (MMA, 1, 36)
         c.r_sb = mma_s.make_fragment_B(thr_s.partition_B(s_kv))  # (MMA, 1, 36, stages)
-        acc_s = cute.make_rmem_tensor(mma_s.partition_shape_C((ROWS, TILE)), Float32)
-        c.coords_s = thr_s.partition_C(cute.make_identity_tensor((ROWS, TILE)))
+        acc_s = cute.make_rmem_tensor(mma_s.partition_shape_C((ROWS, self.tile)), Float32)
+        c.coords_s = thr_s.partition_C(cute.make_identity_tensor((ROWS, self.tile)))
         coords_s = c.coords_s
         # The query's rope dims go to registers (the scores' last k-blocks read them from
         # there), so their 8 KiB of shared memory can hold P_B. P_A has its own block.
         q_rope = cute.make_tensor(s_q[None, None, 0].iterator + ROWS * D_LATENT, p_layout.outer)
-        p_views = [s_pa, q_rope]
+        p_views = [
+            cute.local_tile(v[None, None, 0], (ROWS, self.tile), (0, 0)) for v in (s_pa, q_rope)
+        ]
         thr_s_rs = mma_s_rs.get_slice(wg_tidx)
         c.r_q8 = cute.make_rmem_tensor(mma_s_rs.partition_shape_A((ROWS, PIECE)), BFloat16)
         c.r_sb_rs = mma_s_rs.make_fragment_B(thr_s_rs.partition_B(s_kv))
@@ -367,10 +402,10 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         thr_o = mma_o.get_slice(wg_tidx)
         c.thr_o = thr_o
         c.thr_o_rs = mma_o_rs.get_slice(wg_tidx)
-        c.r_oa = [mma_o.make_fragment_A(thr_o.partition_A(v[None, None, 0])) for v in p_views]
+        c.r_oa = [mma_o.make_fragment_A(thr_o.partition_A(v)) for v in p_views]
         # The scores accumulator and a register A operand list their values in the same order
         # (pairs of columns, row halves, 8-column blocks), so P converts element by element.
-        r_pa = cute.make_rmem_tensor(mma_o_rs.partition_shape_A((ROWS, TILE)), BFloat16)
+        r_pa = cute.make_rmem_tensor(mma_o_rs.partition_shape_A((ROWS, self.tile)), BFloat16)
         r_p = cute.make_rmem_tensor_like(acc_s, BFloat16)  # the same, to write to shared memory
         c.thr_s, c.p_views = thr_s, p_views
         acc_o = cute.make_rmem_tensor(mma_o.partition_shape_C((ROWS, HALF_V)), Float32)
@@ -462,9 +497,9 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         cute.arch.barrier_arrive(barrier_id=_BAR_SCALE0, number_of_threads=_PAIR)
         self._rescale(acc_o, l_own, scale)
         self._exponentiate(c, acc_s, l_own, r_pa, r_p, mu)
-        self._issue_values(c, acc_o, r_pa, True, 0, 0)  # O_L += P_A @ V_AL, P_A from registers
+        self._issue_values(c, acc_o, r_pa, True, p, 0, 0)  # O_L += P_A @ V_AL, P_A in registers
         warpgroup.wait_group(0)
-        self._release(c.empty, 0)  # A lo: V_AL read, A scored
+        self._release(c, p, 0, 0)  # A lo: V_AL read, A scored
         # group 1's softmax of tile B: its max is the running max now
         cute.arch.barrier(barrier_id=_BAR_SCALE1, number_of_threads=_PAIR)
         for h in cutlass.range_constexpr(2):
@@ -476,13 +511,13 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         self._rescale(acc_o, l_own, scale)
         if cutlass.const_expr(has_b):
             cute.arch.barrier(barrier_id=_BAR_PB, number_of_threads=_PAIR)
-            self._issue_values(c, acc_o, r_pa, False, 1, 0)  # O_L += P_B @ V_BL
+            self._issue_values(c, acc_o, r_pa, False, p, 1, 0)  # O_L += P_B @ V_BL
             if cutlass.const_expr(has_next):  # the next A's lo half: released early this pair
                 self._issue_scores_half(c, acc_s, 0, p + 1, 0, True)
                 warpgroup.wait_group(1)
             else:
                 warpgroup.wait_group(0)
-            self._release(c.empty, 2)  # B lo: V_BL read
+            self._release(c, p, 1, 0)  # B lo: V_BL read
             if cutlass.const_expr(has_next):
                 self._issue_scores_half(c, acc_s, 0, p + 1, 1, False)
                 warpgroup.wait_group(0)
@@ -523,14 +558,14 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             self._hand_over(c, r_p, 1, _BAR_PB)  # P_B first: group 0 waits for it
         self._rescale(acc_o, None, both)
         if cutlass.const_expr(has_b):
-            self._issue_values(c, acc_o, r_pa, True, 1, 1)  # O_R += P_B @ V_BR, P_B from registers
+            self._issue_values(c, acc_o, r_pa, True, p, 1, 1)  # O_R += P_B @ V_BR, P_B in registers
         cute.arch.barrier(barrier_id=_BAR_PA, number_of_threads=_PAIR)
-        self._issue_values(c, acc_o, r_pa, False, 0, 1)  # O_R += P_A @ V_AR
+        self._issue_values(c, acc_o, r_pa, False, p, 0, 1)  # O_R += P_A @ V_AR
         if cutlass.const_expr(has_b):
             warpgroup.wait_group(1)
-            self._release(c.empty, 3)  # B hi: V_BR read
+            self._release(c, p, 1, 1)  # B hi: V_BR read
         warpgroup.wait_group(0)
-        self._release(c.empty, 1)  # A hi: V_AR read
+        self._release(c, p, 0, 1)  # A hi: V_AR read
         if cutlass.const_expr(has_next):  # the next tile B: hi half first, it was freed first
             self._issue_scores_half(c, acc_s, 1, p + 1, 1, True)
             self._issue_scores_half(c, acc_s, 1, p + 1, 0, False)
@@ -539,12 +574,13 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     # -- pieces of a pair ----------------------------------------------------------------------
 
     @cute.jit
-    def _issue_scores_half(self, c, acc_s, stage: cutlass.Constexpr, pair,
+    def _issue_scores_half(self, c, acc_s, which: cutlass.Constexpr, pair,
                            half: cutlass.Constexpr, first: cutlass.Constexpr):  # fmt: skip
-        """Wait for one half of a stage (pair ``pair``'s load) and add its dims to ``S``
-        (committed, not waited). The ``first`` half issued starts ``S`` (overwrites it); the
-        rope dims' k-blocks take the query from registers."""
-        cute.arch.mbarrier_wait(c.full + 2 * stage + half, pair % 2)
+        """Wait for one half of pair ``pair``'s tile A (``which`` 0) or B and add its dims to
+        ``S`` (committed, not waited). The ``first`` half issued starts ``S`` (overwrites it);
+        the rope dims' k-blocks take the query from registers."""
+        stage = self._stage(pair, which)
+        cute.arch.mbarrier_wait(c.full + 2 * stage + half, self._phase(pair))
         warpgroup.fence()
         n_k = cute.size(c.r_sa, mode=[2])
         k_rope = n_k - cute.size(c.r_q8, mode=[2])
@@ -561,26 +597,29 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         warpgroup.commit_group()
 
     @cute.jit
-    def _issue_values(self, c, acc_o, r_pa, own: cutlass.Constexpr, stage: cutlass.Constexpr,
-                      half: cutlass.Constexpr):  # fmt: skip
-        """``O[:, half] += P @ V[:, half]`` of a stage (committed): ``P`` from this group's
-        registers (``own``) or from shared memory (the other group's)."""
+    def _issue_values(self, c, acc_o, r_pa, own: cutlass.Constexpr, pair,
+                      which: cutlass.Constexpr, half: cutlass.Constexpr):  # fmt: skip
+        """``O[:, half] += P @ V[:, half]`` of pair ``pair``'s tile A or B (``which``;
+        committed): ``P`` from this group's registers (``own``) or from shared memory (the
+        other group's)."""
         mma = c.mma_o_rs if own else c.mma_o
         thr = c.thr_o_rs if own else c.thr_o
+        stage = self._stage(pair, which)
         v_all = cute.make_tensor(c.s_kv[None, None, stage].iterator, c.v_layout.outer)
-        v_half = cute.local_tile(v_all[None, None, 0], (HALF_V, TILE), (half, 0))
+        v_half = cute.local_tile(v_all[None, None, 0], (HALF_V, self.tile), (half, 0))
         r_ob = mma.make_fragment_B(thr.partition_B(v_half))
-        r_oa = r_pa if own else c.r_oa[stage]
+        r_oa = r_pa if own else c.r_oa[which]
         warpgroup.fence()
         for k in cutlass.range_constexpr(cute.size(r_oa, mode=[2])):
             cute.gemm(mma, acc_o, r_oa[None, None, k], r_ob[None, None, k], acc_o)
         warpgroup.commit_group()
 
     @cute.jit
-    def _release(self, empty, slot):
-        """This warp is done with a ring half (its products reading it have completed)."""
+    def _release(self, c, pair, which: cutlass.Constexpr, half: cutlass.Constexpr):
+        """This warp is done with a half of pair ``pair``'s tile A or B (its products reading
+        it have completed)."""
         with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive(empty + slot)
+            cute.arch.mbarrier_arrive(c.empty + 2 * self._stage(pair, which) + half)
 
     @cute.jit
     def _exchange(self, c):
@@ -595,7 +634,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     def _hand_over(self, c, r_p, which: cutlass.Constexpr, bar):
         """Write ``P`` (bf16) for the other group's product (P_A: ``which`` 0, P_B: 1) and
         signal it."""
-        cute.autovec_copy(r_p, c.thr_s.partition_C(c.p_views[which][None, None, 0]))
+        cute.autovec_copy(r_p, c.thr_s.partition_C(c.p_views[which]))
         cute.arch.fence_proxy(
             cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
         )
@@ -604,9 +643,16 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     @cute.jit
     def _rescale(self, acc_o, l_own, scale):
         """Bring this group's half of ``O`` and (unless ``None``) its denominators to a new
-        running max."""
-        for i in cutlass.range_constexpr(cute.size(acc_o)):
-            acc_o[i] = acc_o[i] * scale[(i // 2) % 2]
+        running max. ``lazy_rescale``: a thread whose two rows kept their max (both scales
+        exactly 1, the common case once the max has settled) skips its 128 multiplies, which
+        change nothing then."""
+        if cutlass.const_expr(self.lazy_rescale):
+            if scale[0] * scale[1] < Float32(1.0):  # both are at most 1
+                for i in cutlass.range_constexpr(cute.size(acc_o)):
+                    acc_o[i] = acc_o[i] * scale[(i // 2) % 2]
+        else:
+            for i in cutlass.range_constexpr(cute.size(acc_o)):
+                acc_o[i] = acc_o[i] * scale[(i // 2) % 2]
         if cutlass.const_expr(l_own is not None):
             for h in cutlass.range_constexpr(2):
                 l_own[h] = l_own[h] * scale[h]
@@ -629,10 +675,10 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         """Scale ``S`` to base 2 and mask it (past the split, causal); its row maxima into
         ``tile_max``. One branch per tile, selects within it: a branch per element (the
         obvious ``if`` inside the loop) made the instruction fetch the top stall."""
-        tile_start = c.start + tile * TILE
+        tile_start = c.start + tile * self.tile
         for i in cutlass.range_constexpr(cute.size(acc_s)):
             acc_s[i] = acc_s[i] * c.scale_log2
-        if tile_start + TILE > cutlass.min(c.end, c.first_t + 1):
+        if tile_start + self.tile > cutlass.min(c.end, c.first_t + 1):
             # the first masked column of each of this thread's two rows, from the tile start
             bound0 = cutlass.min(c.end, c.first_t + 1 + (c.row0 + c.my_rows[0]) // c.num_heads)
             bound1 = cutlass.min(c.end, c.first_t + 1 + (c.row0 + c.my_rows[1]) // c.num_heads)

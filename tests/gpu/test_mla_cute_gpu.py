@@ -74,6 +74,9 @@ LAYOUTS = {
     "tokens plain": {"layout": "tokens", "evict_first": 0},
     "heads plain": {"layout": "heads", "evict_first": 0},
     "pairs plain": {"layout": "pairs", "evict_first": 0},
+    "pairs t64": {"layout": "pairs", "tile": 64, "lazy_rescale": 0},
+    "pairs t32": {"layout": "pairs", "tile": 32, "lazy_rescale": 1},
+    "pairs t32 eager": {"layout": "pairs", "tile": 32, "lazy_rescale": 0},
 }
 
 
@@ -98,12 +101,12 @@ def test_page_sizes(page, layout):
     _check(out, lse, *_expected(q, cache, tables, seq), seq)
 
 
-@pytest.mark.parametrize("layout", ["heads", "pairs"])
+@pytest.mark.parametrize("layout", ["heads", "pairs", "pairs t32"])
 def test_64_row_layouts_pad_odd_rows_and_three_query_tokens(layout):
     """48 rows per request (16 heads x 3 tokens) pad a 64-row block; the causal block holds."""
     lens = [513, 3, 64, 2048]
     q, cache, tables, seq = _problem(lens, 16, 3, 64, seed=7)
-    out, lse = _run(q, cache, tables, seq, num_splits=2, config={"layout": layout})
+    out, lse = _run(q, cache, tables, seq, num_splits=2, config=LAYOUTS[layout])
     _check(out, lse, *_expected(q, cache, tables, seq), seq)
 
 
@@ -119,7 +122,9 @@ def test_without_lse_and_with_workspace():
     torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("heads,config", [(32, None), (128, {"layout": "pairs"})])
+@pytest.mark.parametrize(
+    "heads,config", [(32, None), (128, {"layout": "pairs"}), (128, LAYOUTS["pairs t32"])]
+)
 def test_cuda_graph_replay_with_new_lengths(heads, config):
     from tokenspeed.mla import configs, cute_decode
 

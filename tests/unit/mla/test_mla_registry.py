@@ -152,6 +152,25 @@ def test_cute_decode_plan_rows_groups_pages_and_workspace():
     assert configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True)["page_prefetch"] == 0
 
 
+def test_cute_pairs_plan_tile_follows_row_blocks():
+    """One 64-row block per request: 32-token tiles (a ring of two pairs) with the lazy
+    rescale; more rows: 64-token tiles; a config may pick either."""
+    plan = configs.cute_decode_plan(128, 1, 64, 4096, 64)
+    assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (32, 1, 32)
+    plan = configs.cute_decode_plan(128, 2, 32, 4096, 16)
+    assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (32, 1, 16)
+    plan = configs.cute_decode_plan(128, 1, 128, 4096, 64)
+    assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (64, 0, 64)
+    plan = configs.cute_decode_plan(128, 1, 64, 4096, 64, config={"tile": 64})
+    assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (64, 0, 64)
+    plan = configs.cute_decode_plan(128, 1, 16, 4096, 64)  # the tokens layout: whole tiles
+    assert (plan["layout"], plan["tile"], plan["lazy_rescale"]) == ("tokens", 64, 0)
+    with pytest.raises(ValueError, match="tile"):
+        configs.cute_decode_plan(128, 1, 64, 4096, 64, config={"tile": 16})
+    with pytest.raises(ValueError, match="tile"):
+        configs.cute_decode_plan(128, 1, 16, 4096, 64, config={"tile": 32})
+
+
 def test_cute_fp8_decode_plan_rings_and_limits():
     plan = configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True)
     assert (plan["layout"], plan["rows"], plan["wgs"]) == ("tokens", 32, 1)
