@@ -63,7 +63,7 @@ class KvRingProducer:
     KV tiles, and the producer warp that fills the ring.
 
     A kernel sets ``rows`` (query rows per CTA), ``page_block`` (tokens per TMA box: the page,
-    or 64 for larger pages), ``copies_per_tile`` (``TILE // page_block``), ``stages`` and
+    or the tile for larger pages), ``copies_per_tile`` (``tile // page_block``), ``stages`` and
     ``evict_first`` (load KV tiles with the L2 evict-first hint, FlashMLA's choice: each tile
     is read by the CTAs of one request at about the same time and then never again).
 
