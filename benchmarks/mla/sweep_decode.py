@@ -9,6 +9,11 @@ installed, checks each against the first variant's output once (bf16 tolerance),
 latency, bandwidth (fraction of the device copy measured in the same run) and TFLOP/s
 (fraction of the bf16 matmul rate). A variant that fails to compile or disagrees is reported
 and skipped. Bytes and FLOPs as in ``tokenspeed.mla.bench``.
+
+``--rounds N`` times every passing variant N times, in rounds that alternate the order, and
+reports the median of the rounds (with their spread): two readings of one configuration in a
+single pass differed by 7 % at 128 heads on the H200 (docs/mla.md), more than most differences
+between variants.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import importlib.util
 import json
 import math
+import statistics
 import sys
 import time
 import traceback
@@ -177,16 +183,27 @@ def _metrics(
     }
 
 
+def summarise_rounds(round_us: list[float]) -> dict[str, Any]:
+    """One variant's readings over the rounds: their median (what the tables report) and
+    spread, so a difference between variants can be read against the noise."""
+    return {
+        "round_us": list(round_us),
+        "round_median_us": statistics.median(round_us),
+        "round_spread_us": [min(round_us), max(round_us)],
+    }
+
+
 def sweep_shape(
     heads: int, q_len: int, bounds: dict[str, float], replays: int, only: set[str] | None = None,
-    fp8: str = "",
+    fp8: str = "", rounds: int = 1,
 ) -> list[dict]:  # fmt: skip
-    """Check and time every variant at one shape."""
+    """Check and time every variant at one shape (``rounds`` times each, see the module)."""
     from tokenspeed.kernels.timing import time_gpu
 
     inp = _inputs(heads, q_len, fp8=fp8)
     args = (inp["q"], inp["cache"], inp["scale"], inp["tables"], inp["seq"])
     rows: list[dict] = []
+    timed: list[tuple[dict, Callable[[], Any]]] = []  # (row, its timed call) of each that passed
     ref = None
     for name, call in variants(heads, q_len, only, fp8=bool(fp8)):
         row: dict[str, Any] = {"heads": heads, "q_len": q_len, "variant": name,
@@ -207,14 +224,25 @@ def sweep_shape(
             elif not math.isfinite(err) or err > 3e-2:
                 row["error"] = f"disagrees with {rows[0]['variant'] if rows else 'itself'}"
             if "error" not in row:
-                timing = time_gpu(lambda _, call=call, o=o: call(*args, o), [None],
-                                  replays=replays)  # fmt: skip
+                run = lambda _, call=call, o=o: call(*args, o)  # noqa: E731
+                timing = time_gpu(run, [None], replays=replays)
                 row.update(_metrics(heads, q_len, timing.median_us, bounds, fp8))
+                timed.append((row, run))
         except Exception as err:  # one broken variant must not lose the others
             row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
             row["traceback"] = traceback.format_exc()[-2000:]
         print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
         rows.append(row)
+    if rounds > 1 and timed:
+        readings = {id(row): [row["median_us"]] for row, _ in timed}
+        for r in range(1, rounds):
+            for row, run in timed[::-1] if r % 2 else timed:
+                readings[id(row)].append(time_gpu(run, [None], replays=replays).median_us)
+        for row, _ in timed:
+            row.update(summarise_rounds(readings[id(row)]))
+            row.update(_metrics(heads, q_len, row["round_median_us"], bounds, fp8))
+            print(json.dumps({k: row[k] for k in ("heads", "q_len", "variant", "round_us")}),
+                  flush=True)  # fmt: skip
     return rows
 
 
@@ -225,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", default="16,32,64,128")
     parser.add_argument("--q-lens", default="1")
     parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="time each variant this many times, interleaved"
+    )
     parser.add_argument(
         "--fp8",
         choices=("tensor", "token"),
@@ -248,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     for q_len in (int(x) for x in args.q_lens.split(",")):
         for heads in (int(x) for x in args.heads.split(",")):
             only = set(args.variants.split(",")) if args.variants else None
-            results += sweep_shape(heads, q_len, bounds, args.replays, only, args.fp8)
+            results += sweep_shape(heads, q_len, bounds, args.replays, only, args.fp8,
+                                   max(1, args.rounds))  # fmt: skip
             torch.cuda.empty_cache()
     print(f"\n{'shape':<10} {'variant':<36} {'us':>8} {'% copy':>7} {'TFLOP/s':>8} {'% mm':>6}")
     for r in results:
@@ -256,9 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         if "median_us" not in r:
             print(f"{shape:<10} {r['variant']:<36} {r.get('error', '')[:60]}")
             continue
+        lo, hi = r.get("round_spread_us", (None, None))
+        spread = f"  rounds {lo:.1f}-{hi:.1f}" if lo is not None else ""
         print(f"{shape:<10} {r['variant']:<36} {r['median_us']:>8.1f} "
               f"{100 * r['frac_copy_bw']:>6.1f}% {r['tflops']:>8.1f} "
-              f"{100 * r['frac_matmul']:>5.1f}%")  # fmt: skip
+              f"{100 * r['frac_matmul']:>5.1f}%{spread}")  # fmt: skip
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"bounds": bounds, "results": results}, indent=2) + "\n")

@@ -1,0 +1,37 @@
+"""The MLA decode sweep's CPU side: readings over rounds are summarised by their median and
+spread, and the script refuses to run without a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "mla" / "sweep_decode.py"
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    spec = importlib.util.spec_from_file_location("sweep_decode", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_rounds_report_the_median_and_the_spread(sweep):
+    got = sweep.summarise_rounds([321.2, 297.9, 301.5, 299.0])
+    assert got["round_us"] == [321.2, 297.9, 301.5, 299.0]
+    assert got["round_median_us"] == pytest.approx(300.25)  # an outlier does not move it far
+    assert got["round_spread_us"] == [297.9, 321.2]
+    assert sweep.summarise_rounds([150.0])["round_median_us"] == 150.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_without_a_gpu_it_says_so(sweep, capsys):
+    assert sweep.main(["--heads", "64", "--rounds", "3"]) == 2
+    assert "CUDA" in capsys.readouterr().err
