@@ -622,35 +622,57 @@ def _unused_partials(device: Any) -> tuple[Any, Any]:
     return _UNUSED[device]
 
 
-def _compiled(key: tuple, args: tuple) -> Any:
+def decode_kernel(spec: dict[str, Any]) -> Any:
+    """The kernel object a launch spec names (built, not compiled); the spec's fields are the
+    plan's that shape the compiled code (``_kernel_spec``)."""
+    if spec["fp8"]:
+        from .cute_decode_fp8 import MlaDecodeFp8Sm90
+
+        kernel: Any = MlaDecodeFp8Sm90(
+            spec["rows"], spec["page_block"], spec["stages"], spec["fp8_stages"], spec["split"],
+            spec["write_lse"], spec["per_token"], spec["converter_wgs"], spec["ablation"],
+        )  # fmt: skip
+    elif spec["layout"] == "heads":
+        from .cute_seesaw import MlaDecodeSeesawSm90
+
+        kernel = MlaDecodeSeesawSm90(spec["page_block"], spec["split"], spec["write_lse"],
+                                     spec["ablation"], spec["evict_first"])  # fmt: skip
+    elif spec["layout"] == "pairs":
+        from .cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
+
+        kernel = MlaDecodeSeesawPairsSm90(
+            spec["page_block"], spec["split"], spec["write_lse"], spec["evict_first"],
+            spec["ablation"], spec["tile"], spec["lazy_rescale"],
+        )  # fmt: skip
+    else:
+        kernel = MlaDecodeSm90(
+            spec["rows"], spec["wgs"], spec["page_block"], spec["stages"], spec["split"],
+            spec["write_lse"], spec["ablation"], spec["evict_first"],
+        )  # fmt: skip
+    kernel.page_prefetch = spec["page_prefetch"]
+    return kernel
+
+
+def _kernel_spec(
+    plan: dict[str, Any], fp8: bool, per_token: bool, split: bool, write_lse: bool, ablation: str
+) -> dict[str, Any]:
+    """What of a launch shapes the compiled kernel, by name (a new plan field that does is
+    added here once, and both the cache key and ``decode_kernel`` see it)."""
+    return {
+        "fp8": fp8, "per_token": per_token, "split": split, "write_lse": write_lse,
+        "ablation": ablation, "layout": plan["layout"], "rows": plan["rows"], "wgs": plan["wgs"],
+        "page_block": plan["page_block"], "stages": plan["stages"],
+        "fp8_stages": plan["fp8_stages"], "converter_wgs": plan["converter_wgs"],
+        "evict_first": bool(plan["evict_first"]), "page_prefetch": bool(plan["page_prefetch"]),
+        "tile": plan["tile"], "lazy_rescale": bool(plan["lazy_rescale"]),
+    }  # fmt: skip
+
+
+def _compiled(spec: dict[str, Any], args: tuple) -> Any:
+    key = tuple(spec.values())  # the fields are always listed in one order
     fn = _COMPILED.get(key)
     if fn is None:
-        (fp8, layout, rows, wgs, page_block, stages, evict_first, split, write_lse, ablation,
-         page_prefetch, tile, lazy_rescale) = key  # fmt: skip
-        if fp8:
-            from .cute_decode_fp8 import MlaDecodeFp8Sm90
-
-            fp8_stages, per_token, converters = fp8
-            kernel: Any = MlaDecodeFp8Sm90(
-                rows, page_block, stages, fp8_stages, split, write_lse, per_token, converters,
-                ablation,
-            )  # fmt: skip
-        elif layout == "heads":
-            from .cute_seesaw import MlaDecodeSeesawSm90
-
-            kernel = MlaDecodeSeesawSm90(page_block, split, write_lse, ablation, evict_first)
-        elif layout == "pairs":
-            from .cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
-
-            kernel = MlaDecodeSeesawPairsSm90(
-                page_block, split, write_lse, evict_first, ablation, tile, lazy_rescale
-            )
-        else:
-            kernel = MlaDecodeSm90(
-                rows, wgs, page_block, stages, split, write_lse, ablation, evict_first
-            )
-        kernel.page_prefetch = page_prefetch
-        fn = _COMPILED[key] = cute.compile(kernel, *args)
+        fn = _COMPILED[key] = cute.compile(decode_kernel(spec), *args)
     return fn
 
 
@@ -738,12 +760,10 @@ def mla_decode(
         Int32(page_size), Int32(batch), Int32(plan["row_blocks"]),
         cuda.CUstream(torch.cuda.current_stream().cuda_stream),
     )  # fmt: skip
-    fp8_key = (plan["fp8_stages"], kv_scale.numel() != 1, plan["converter_wgs"]) if fp8 else None
-    key = (fp8_key, plan["layout"], plan["rows"], plan["wgs"], plan["page_block"], plan["stages"],
-           bool(plan["evict_first"]), splits > 1, return_lse,
-           str((config or {}).get("ablation", "")),
-           bool(plan["page_prefetch"]), plan["tile"], bool(plan["lazy_rescale"]))  # fmt: skip
-    _compiled(key, args)(*args)
+    per_token = fp8 and kv_scale.numel() != 1
+    ablation = str((config or {}).get("ablation", ""))
+    spec = _kernel_spec(plan, fp8, per_token, splits > 1, return_lse, ablation)
+    _compiled(spec, args)(*args)
     if splits > 1:
         _mla_decode_merge_kernel[(rows_total,)](
             part_o, part_lse, out, lse, heads, q_len,

@@ -232,3 +232,32 @@ def test_cute_decode_refuses_wrong_cache_and_scale_combinations_before_launching
                                seq, 0.1, kv_scale=scale, config={"rows": 64})  # fmt: skip
     with pytest.raises(ValueError, match="one scale per token slot"):
         cute_decode.mla_decode(q, fp8, tables, seq, 0.1, kv_scale=torch.ones(4, 63))
+
+
+def test_cute_decode_builds_the_kernel_each_plan_names():
+    """The plan-to-kernel step runs without a GPU: each layout's kernel object carries the
+    plan's tile, rescale, page copies and block-table prefetch."""
+    pytest.importorskip("cutlass")
+    from tokenspeed.mla import cute_decode
+    from tokenspeed.mla.cute_decode_fp8 import MlaDecodeFp8Sm90
+    from tokenspeed.mla.cute_seesaw import MlaDecodeSeesawSm90
+    from tokenspeed.mla.cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
+
+    def build(plan, fp8=False, split=False):
+        spec = cute_decode._kernel_spec(plan, fp8, fp8, split, True, "")
+        return cute_decode.decode_kernel(spec)
+
+    pairs32 = build(configs.cute_decode_plan(128, 1, 64, 4096, 64))
+    assert isinstance(pairs32, MlaDecodeSeesawPairsSm90)
+    assert (pairs32.tile, pairs32.lazy_rescale, pairs32.stages, pairs32.copies_per_tile) == (
+        32, True, 4, 1)  # fmt: skip
+    pairs64 = build(configs.cute_decode_plan(128, 1, 128, 4096, 16), split=True)
+    assert (pairs64.tile, pairs64.lazy_rescale, pairs64.stages, pairs64.copies_per_tile) == (
+        64, False, 2, 4)  # fmt: skip
+    assert pairs64.split and pairs64.page_prefetch
+    tokens = build(configs.cute_decode_plan(128, 1, 16, 4096, 64, config={"page_prefetch": 0}))
+    assert isinstance(tokens, cute_decode.MlaDecodeSm90) and not tokens.page_prefetch
+    heads = build(configs.cute_decode_plan(128, 1, 64, 4096, 64, config={"layout": "heads"}))
+    assert isinstance(heads, MlaDecodeSeesawSm90)
+    fp8 = build(configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True), fp8=True)
+    assert isinstance(fp8, MlaDecodeFp8Sm90) and not fp8.page_prefetch
