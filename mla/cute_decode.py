@@ -29,6 +29,7 @@ through ``cute_decode_fp8.py``, which feeds this consumer from a conversion pipe
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import cuda.bindings.driver as cuda
@@ -147,8 +148,10 @@ class KvRingProducer:
         cute.arch.sync_threads()
 
     @cute.jit
-    def _load_query(self, tma_q_atom, tma_q, s_q, q_bar, b, rows_per_req, row0):
-        """One TMA copy of this CTA's ``rows`` x 576 query block, completing ``q_bar``."""
+    def _load_query(self, tma_q_atom, tma_q, s_q, q_bar, b, rows_per_req, row0, stage=0, arm=True):
+        """One TMA copy of this CTA's ``rows`` x 576 query block into ``s_q``'s ``stage``,
+        completing ``q_bar`` (which this arms with the byte count, unless its pipeline's
+        acquire already has: ``arm=False``)."""
         g_q = cute.local_tile(
             cute.domain_offset((b * rows_per_req + row0, 0), tma_q), (self.rows, D_QK), (0, 0)
         )
@@ -156,9 +159,10 @@ class KvRingProducer:
             tma_q_atom, 0, cute.make_layout(1), cute.group_modes(s_q, 0, 2),
             cute.group_modes(g_q, 0, 2),
         )  # fmt: skip
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.rows * D_QK * 2)
-        cute.copy(tma_q_atom, t_qg, t_qs[(None, 0)], tma_bar_ptr=q_bar)
+        if cutlass.const_expr(arm):
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(q_bar, self.rows * D_QK * 2)
+        cute.copy(tma_q_atom, t_qg, t_qs[(None, stage)], tma_bar_ptr=q_bar)
 
     @cute.jit
     def _tile_boxes(self, boxes, at, m_bt, b, tile_start, end, page_size, past_end):
@@ -183,21 +187,37 @@ class KvRingProducer:
     ):  # fmt: skip
         """The producer warp: the query block once, then every KV tile of the split."""
         self._load_query(tma_q_atom, tma_q, s_q, q_bar, b, rows_per_req, row0)
-        # (box, copies per tile, stages) view of the ring; (box, box index) view of the cache.
+        boxes = self._kv_boxes(tma_kv_atom, tma_kv, s_kv)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        self._produce_tiles(tma_kv_atom, boxes, kv_pipe, state, m_bt, b, start, end, n_tiles,
+                            page_size)  # fmt: skip
+
+    @cute.jit
+    def _kv_boxes(self, tma_kv_atom, tma_kv, s_kv):
+        """The TMA-partitioned views the ring's copies go between: ``(t_kvs, t_kvg,
+        n_boxes)``, the ring as (box, copy in tile, stage) and the cache as (box, box index),
+        with the cache's box count."""
         s_boxes = cute.flat_divide(s_kv, (self.page_block, D_QK))
         g_boxes = cute.local_tile(tma_kv, (self.page_block, D_QK), (None, 0))
         t_kvs, t_kvg = cpasync.tma_partition(
             tma_kv_atom, 0, cute.make_layout(1), cute.group_modes(s_boxes, 0, 2),
             cute.group_modes(g_boxes, 0, 2),
         )  # fmt: skip
+        return t_kvs, t_kvg, Int32(cute.size(g_boxes, mode=[2]))
+
+    @cute.jit
+    def _produce_tiles(
+        self, tma_kv_atom, boxes, kv_pipe, state, m_bt, b, start, end, n_tiles, page_size
+    ):
+        """Copy ``n_tiles`` KV tiles of request ``b`` from token ``start`` into the ring;
+        returns the ring's state after the last."""
+        t_kvs, t_kvg, n_boxes = boxes
         # A box wholly past the split's end reads nothing real: point it past the cache
         # (TMA zero-fills out-of-range boxes and still counts their bytes).
-        n_boxes = Int32(cute.size(g_boxes, mode=[2]))
         cpt = self.copies_per_tile
         ahead = cute.make_rmem_tensor((cpt,), Int32)
         if cutlass.const_expr(self.page_prefetch):
             self._tile_boxes(ahead, 0, m_bt, b, start, end, page_size, n_boxes)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for tile in cutlass.range(n_tiles, unroll=1):
             now = cute.make_rmem_tensor((cpt,), Int32)
             if cutlass.const_expr(self.page_prefetch):
@@ -215,6 +235,7 @@ class KvRingProducer:
                 )  # fmt: skip
             kv_pipe.producer_commit(state)
             state.advance()
+        return state
 
 
 class MlaDecodeSm90(KvRingProducer):
@@ -425,48 +446,99 @@ class MlaDecodeSm90(KvRingProducer):
         ``scale_log2`` too), or one per token from ``s_tok_scale`` (token, stage), which
         multiplies each token's scores and its probabilities before the product with V.
         """
+        c = self._consumer_setup(
+            mma_s, mma_o, s_kv, s_p, vt_layout, red, s_alpha, s_max, s_sum, scale_log2, q_len,
+            num_heads, tidx, warp, lane, out_scale, s_tok_scale,
+        )  # fmt: skip
         wg = warp // 4
-        wg_tidx = tidx % 128
-        warp_in_wg = warp % 4
-        rpw = self.rows_per_wg
-        # -- first product: s^T (this warp group's rows) ----------------------------------------
-        thr_s = mma_s.get_slice(wg_tidx)
-        s_q_wg = cute.local_tile(s_q[None, None, 0], (rpw, D_QK), (wg, 0))
-        t_sa = thr_s.partition_A(s_kv)  # (MMA, 1, 36, stages)
-        t_sb = thr_s.partition_B(s_q_wg)  # (MMA, 1, 36)
-        r_sa = mma_s.make_fragment_A(t_sa)
-        r_sb = mma_s.make_fragment_B(t_sb)
-        acc_s = cute.make_rmem_tensor(mma_s.partition_shape_C((TILE, rpw)), Float32)
-        coords_s = thr_s.partition_C(cute.make_identity_tensor((TILE, rpw)))
-        # p^T is written where the accumulator of s^T sits: view s_p as (token, row).
-        s_p_tr = cute.make_tensor(s_p.iterator, cute.select(s_p.layout, mode=[1, 0, 2]))
-        t_sp = thr_s.partition_C(cute.local_tile(s_p_tr[None, None, 0], (TILE, rpw), (0, wg)))
-        r_p = cute.make_rmem_tensor_like(acc_s, BFloat16)
-        # -- second product: o^T (this warp group's 512 / wgs dims, all rows) -------------------
-        thr_o = mma_o.get_slice(wg_tidx)
-        t_ob = thr_o.partition_B(s_p[None, None, 0])  # (MMA, 1, 4)
-        r_ob = mma_o.make_fragment_B(t_ob)
-        acc_o = cute.make_rmem_tensor(mma_o.partition_shape_C((self.dims_per_wg, self.rows)),
-                                      Float32)  # fmt: skip
-        coords_o = thr_o.partition_C(cute.make_identity_tensor((self.dims_per_wg, self.rows)))
-        acc_o.fill(0.0)
-
-        slots = rpw // 4  # distinct rows (accumulator columns) one thread holds
-        m_i = cute.make_rmem_tensor((slots,), Float32)
-        l_i = cute.make_rmem_tensor((slots,), Float32)
-        m_i.fill(_NEG_INF)
-        l_i.fill(0.0)
-        first_t = seq_len - q_len  # kv position of query token 0
-
+        s_q_wg = cute.local_tile(s_q[None, None, 0], (self.rows_per_wg, D_QK), (wg, 0))
+        r_sb = c.mma_s.make_fragment_B(c.thr_s.partition_B(s_q_wg))  # (MMA, 1, 36)
+        acc_o, m_i, l_i = self._fresh_rows(c)
         cute.arch.mbarrier_wait(q_bar, 0)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        state = self._consume_tiles(
+            c, kv_pipe, state, r_sb, acc_o, m_i, l_i, row0, start, end, seq_len, n_tiles
+        )
+        self._row_totals(c, m_i, l_i)
+        base_row = b * rows_per_req + row0
+        if cutlass.const_expr(self.split):
+            self._write_rows(c, acc_o, m_part_o, m_part_lse, base_row, num_splits, split,
+                             rows_per_req, row0, False)  # fmt: skip
+        else:
+            self._write_rows(c, acc_o, m_out, m_lse, base_row, 1, 0, rows_per_req, row0, True)
+
+    @cute.jit
+    def _consumer_setup(
+        self, mma_s, mma_o, s_kv, s_p, vt_layout, red, s_alpha, s_max, s_sum, scale_log2,
+        q_len, num_heads, tidx, warp, lane, out_scale, s_tok_scale,
+    ):  # fmt: skip
+        """What the consumer's tile loop and epilogue only read, bundled at trace time: the
+        thread's slices of both products, its coordinates, and the shared-memory views.
+        (What they write, the accumulators and the softmax state, is passed by name: a loop
+        region carries only the variables it names.)"""
+        wg = warp // 4
+        wg_tidx = tidx % 128
+        rpw = self.rows_per_wg
+        c = SimpleNamespace(
+            mma_s=mma_s, mma_o=mma_o, s_kv=s_kv, vt_layout=vt_layout, red=red, s_alpha=s_alpha,
+            s_max=s_max, s_sum=s_sum, scale_log2=scale_log2, q_len=q_len, num_heads=num_heads,
+            tidx=tidx, wg=wg, warp_in_wg=warp % 4, lane=lane, out_scale=out_scale,
+            s_tok_scale=s_tok_scale,
+        )  # fmt: skip
+        # -- first product: s^T (this warp group's rows) ----------------------------------------
+        c.thr_s = mma_s.get_slice(wg_tidx)
+        c.r_sa = mma_s.make_fragment_A(c.thr_s.partition_A(s_kv))  # (MMA, 1, 36, stages)
+        c.acc_s = cute.make_rmem_tensor(mma_s.partition_shape_C((TILE, rpw)), Float32)
+        c.coords_s = c.thr_s.partition_C(cute.make_identity_tensor((TILE, rpw)))
+        # p^T is written where the accumulator of s^T sits: view s_p as (token, row).
+        s_p_tr = cute.make_tensor(s_p.iterator, cute.select(s_p.layout, mode=[1, 0, 2]))
+        c.t_sp = c.thr_s.partition_C(cute.local_tile(s_p_tr[None, None, 0], (TILE, rpw), (0, wg)))
+        c.r_p = cute.make_rmem_tensor_like(c.acc_s, BFloat16)
+        # -- second product: o^T (this warp group's 512 / wgs dims, all rows) -------------------
+        c.thr_o = mma_o.get_slice(wg_tidx)
+        c.r_ob = mma_o.make_fragment_B(c.thr_o.partition_B(s_p[None, None, 0]))  # (MMA, 1, 4)
+        c.coords_o = c.thr_o.partition_C(cute.make_identity_tensor((self.dims_per_wg, self.rows)))
+        return c
+
+    @cute.jit
+    def _fresh_rows(self, c):
+        """A zero output accumulator and an empty softmax state (running max, denominators)."""
+        acc_o = cute.make_rmem_tensor(
+            c.mma_o.partition_shape_C((self.dims_per_wg, self.rows)), Float32
+        )
+        slots = self.rows_per_wg // 4  # distinct rows (accumulator columns) one thread holds
+        m_i = cute.make_rmem_tensor((slots,), Float32)
+        l_i = cute.make_rmem_tensor((slots,), Float32)
+        self._reset_rows(acc_o, m_i, l_i)
+        return acc_o, m_i, l_i
+
+    @cute.jit
+    def _reset_rows(self, acc_o, m_i, l_i):
+        """Zero the output accumulator and empty the softmax state, for a new row block."""
+        acc_o.fill(0.0)
+        m_i.fill(_NEG_INF)
+        l_i.fill(0.0)
+
+    @cute.jit
+    def _consume_tiles(
+        self, c, kv_pipe, state, r_sb, acc_o, m_i, l_i, row0, start, end, seq_len, n_tiles
+    ):
+        """Both products and the online softmax over ``n_tiles`` tiles from ``start``, into
+        ``acc_o`` / ``m_i`` / ``l_i``; ``r_sb`` is the query block's B fragment. Returns the
+        ring's state after the last tile."""
+        mma_s, mma_o, acc_s = c.mma_s, c.mma_o, c.acc_s
+        wg, warp_in_wg, lane = c.wg, c.warp_in_wg, c.lane
+        red, s_alpha, s_tok_scale = c.red, c.s_alpha, c.s_tok_scale
+        rpw = self.rows_per_wg
+        slots = rpw // 4
+        first_t = seq_len - c.q_len  # kv position of query token 0
         for tile in cutlass.range(n_tiles, unroll=1):
             # Both products of a tile run back to back: issuing the next tile's scores early
             # would need a third 72 KiB stage to keep a load in flight, and it does not fit.
             kv_pipe.consumer_wait(state)
             stage = state.index
             if cutlass.const_expr(self.ablation not in ("no_scores", "no_mma")):
-                self._scores(mma_s, acc_s, r_sa, r_sb, stage)
+                self._scores(mma_s, acc_s, c.r_sa, r_sb, stage)
                 warpgroup.wait_group(0)
             else:
                 acc_s.fill(0.0)
@@ -477,22 +549,22 @@ class MlaDecodeSm90(KvRingProducer):
                 row_scale = cute.make_rmem_tensor((2,), Float32)
                 for h in cutlass.range_constexpr(2):
                     tok_scale[h] = s_tok_scale[warp_in_wg * 16 + lane // 4 + 8 * h, stage]
-                    row_scale[h] = scale_log2 * tok_scale[h]
+                    row_scale[h] = c.scale_log2 * tok_scale[h]
 
             # scale, mask (tokens past the split's end, causal query block), column max
             tile_max = cute.make_rmem_tensor((slots,), Float32)
             tile_max.fill(_NEG_INF)
             masked = tile_start + TILE > cutlass.min(end, first_t + 1)
             for i in cutlass.range_constexpr(cute.size(acc_s)):
-                m, n = coords_s[i]
+                m, n = c.coords_s[i]
                 if cutlass.const_expr(s_tok_scale is not None):
                     v = acc_s[i] * row_scale[(i // 2) % 2]
                 else:
-                    v = acc_s[i] * scale_log2
+                    v = acc_s[i] * c.scale_log2
                 if masked:
                     row = row0 + wg * rpw + n
                     pos = tile_start + m
-                    if pos >= end or pos > first_t + row // num_heads:
+                    if pos >= end or pos > first_t + row // c.num_heads:
                         v = Float32(_NEG_INF)
                 acc_s[i] = v
                 j = accumulator_slot(i, rpw)
@@ -525,12 +597,12 @@ class MlaDecodeSm90(KvRingProducer):
                 p = Float32(cute.math.exp2(acc_s[i] - m_use[j], fastmath=True))
                 l_i[j] = l_i[j] + p
                 if cutlass.const_expr(s_tok_scale is not None):
-                    r_p[i] = (p * tok_scale[(i // 2) % 2]).to(BFloat16)
+                    c.r_p[i] = (p * tok_scale[(i // 2) % 2]).to(BFloat16)
                 else:
-                    r_p[i] = p.to(BFloat16)
+                    c.r_p[i] = p.to(BFloat16)
             if cutlass.const_expr(self.wgs > 1):  # the other group may still read p^T / alpha
                 cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
-            cute.autovec_copy(r_p, t_sp)
+            cute.autovec_copy(c.r_p, c.t_sp)
             if warp_in_wg == 0 and lane < 4:
                 for j in cutlass.range_constexpr(slots):
                     s_alpha[wg * rpw + accumulator_column(j, lane)] = alpha[j]
@@ -545,20 +617,27 @@ class MlaDecodeSm90(KvRingProducer):
                 alpha_o[j] = s_alpha[accumulator_column(j, lane % 4)]
             for i in cutlass.range_constexpr(cute.size(acc_o)):
                 acc_o[i] = acc_o[i] * alpha_o[accumulator_slot(i, self.rows)]
-            vt = cute.make_tensor(s_kv[None, None, stage].iterator, vt_layout.outer)
+            vt = cute.make_tensor(c.s_kv[None, None, stage].iterator, c.vt_layout.outer)
             vt_wg = cute.local_tile(vt[None, None, 0], (self.dims_per_wg, TILE), (wg, 0))
-            r_oa = mma_o.make_fragment_A(thr_o.partition_A(vt_wg))
+            r_oa = mma_o.make_fragment_A(c.thr_o.partition_A(vt_wg))
             if cutlass.const_expr(self.ablation not in ("no_values", "no_mma")):
                 warpgroup.fence()
                 mma_o.set(warpgroup.Field.ACCUMULATE, True)
                 for k in cutlass.range_constexpr(cute.size(r_oa, mode=[2])):
-                    cute.gemm(mma_o, acc_o, r_oa[None, None, k], r_ob[None, None, k], acc_o)
+                    cute.gemm(mma_o, acc_o, r_oa[None, None, k], c.r_ob[None, None, k], acc_o)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
             kv_pipe.consumer_release(state)
             state.advance()
+        return state
 
-        # -- epilogue: row sums across the warp group, normalise, write --------------------------
+    @cute.jit
+    def _row_totals(self, c, m_i, l_i):
+        """Each row's denominator (summed across the warp group) and max into ``s_sum`` /
+        ``s_max``, where every consumer thread can read them after the barrier."""
+        wg, warp_in_wg, lane, red = c.wg, c.warp_in_wg, c.lane, c.red
+        rpw = self.rows_per_wg
+        slots = rpw // 4
         for j in cutlass.range_constexpr(slots):
             l_i[j] = column_sum(l_i[j])
         if lane < 4:
@@ -570,37 +649,43 @@ class MlaDecodeSm90(KvRingProducer):
             for j in cutlass.range_constexpr(slots):
                 n = accumulator_column(j, lane)
                 total = red[n, 0, wg, 0] + red[n, 1, wg, 0] + red[n, 2, wg, 0] + red[n, 3, wg, 0]
-                s_sum[wg * rpw + n] = total
-                s_max[wg * rpw + n] = m_i[j]
+                c.s_sum[wg * rpw + n] = total
+                c.s_max[wg * rpw + n] = m_i[j]
         cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
 
-        base_row = b * rows_per_req + row0
+    @cute.jit
+    def _write_rows(
+        self, c, acc_o, m_o, m_lse_out, first_row, row_step, row_off, rows_per_req, row0,
+        final: cutlass.Constexpr,
+    ):  # fmt: skip
+        """Normalise the block's rows and store them: ``final``, the bf16 output and the
+        natural-log LSE (when asked for) at row ``first_row + n``; otherwise fp32 rows and
+        base-2 LSEs at row ``(first_row + n) * row_step + row_off`` (a split's partial)."""
         for i in cutlass.range_constexpr(cute.size(acc_o)):
-            d, n = coords_o[i]
-            row = row0 + n
-            if row < rows_per_req:
-                total = s_sum[n]
+            d, n = c.coords_o[i]
+            if row0 + n < rows_per_req:
+                total = c.s_sum[n]
                 inv = Float32(0.0)
                 if total > 0.0:
                     inv = 1.0 / total
-                    if cutlass.const_expr(out_scale is not None):
-                        inv = out_scale / total
-                dim = wg * self.dims_per_wg + d
-                if cutlass.const_expr(self.split):
-                    m_part_o[(base_row + n) * num_splits + split, dim] = acc_o[i] * inv
+                    if cutlass.const_expr(c.out_scale is not None):
+                        inv = c.out_scale / total
+                dim = c.wg * self.dims_per_wg + d
+                if cutlass.const_expr(final):
+                    m_o[first_row + n, dim] = (acc_o[i] * inv).to(BFloat16)
                 else:
-                    m_out[base_row + n, dim] = (acc_o[i] * inv).to(BFloat16)
-        if tidx < self.rows:
-            n = tidx
+                    m_o[(first_row + n) * row_step + row_off, dim] = acc_o[i] * inv
+        if c.tidx < self.rows:
+            n = c.tidx
             if row0 + n < rows_per_req:
-                total = s_sum[n]
+                total = c.s_sum[n]
                 lse2 = Float32(_NEG_INF)
                 if total > 0.0:
-                    lse2 = s_max[n] + cute.math.log2(total)
-                if cutlass.const_expr(self.split):
-                    m_part_lse[(base_row + n) * num_splits + split] = lse2
+                    lse2 = c.s_max[n] + cute.math.log2(total)
+                if cutlass.const_expr(not final):
+                    m_lse_out[(first_row + n) * row_step + row_off] = lse2
                 elif cutlass.const_expr(self.write_lse):
-                    m_lse[base_row + n] = lse2 * math.log(2.0)
+                    m_lse_out[first_row + n] = lse2 * math.log(2.0)
 
 
 # -- torch entry point ------------------------------------------------------------------------
@@ -632,6 +717,11 @@ def decode_kernel(spec: dict[str, Any]) -> Any:
             spec["rows"], spec["page_block"], spec["stages"], spec["fp8_stages"], spec["split"],
             spec["write_lse"], spec["per_token"], spec["converter_wgs"], spec["ablation"],
         )  # fmt: skip
+    elif spec["persistent"]:
+        from .cute_decode_persistent import MlaDecodePersistentSm90
+
+        kernel = MlaDecodePersistentSm90(spec["rows"], spec["page_block"], spec["write_lse"],
+                                         spec["ablation"], spec["evict_first"])  # fmt: skip
     elif spec["layout"] == "heads":
         from .cute_seesaw import MlaDecodeSeesawSm90
 
@@ -665,6 +755,7 @@ def _kernel_spec(
         "fp8_stages": plan["fp8_stages"], "converter_wgs": plan["converter_wgs"],
         "evict_first": bool(plan["evict_first"]), "page_prefetch": bool(plan["page_prefetch"]),
         "tile": plan["tile"], "lazy_rescale": bool(plan["lazy_rescale"]),
+        "persistent": bool(plan["persistent"]),
     }  # fmt: skip
 
 
@@ -741,27 +832,44 @@ def mla_decode(
     out2d = out.view(batch * q_len * heads, D_LATENT)
     splits = plan["num_splits"]
     rows_total = batch * q_len * heads
-    if splits > 1:
+    ablation = str((config or {}).get("ablation", ""))
+    if plan["workspace_bytes"]:
         need = plan["workspace_bytes"]
         if workspace is None:
             workspace = torch.empty(need, dtype=torch.uint8, device=query.device)
         elif workspace.numel() * workspace.element_size() < need:
             raise ValueError(f"mla_decode workspace holds {workspace.numel()} bytes, needs {need}")
         floats = workspace.view(torch.uint8)[:need].view(torch.float32)
-        part_o = floats[: rows_total * splits * D_LATENT].view(rows_total * splits, D_LATENT)
-        part_lse = floats[rows_total * splits * D_LATENT :]
+        part_rows = need // ((D_LATENT + 1) * 4)
+        part_o = floats[: part_rows * D_LATENT].view(part_rows, D_LATENT)
+        part_lse = floats[part_rows * D_LATENT :]
     else:  # this variant never touches the partials: any fp32 tensors of the right rank
         part_o, part_lse = _unused_partials(query.device)
+    stream = torch.cuda.current_stream()
+    if plan["persistent"]:
+        from .cute_decode_persistent import part_counts
+
+        counts = part_counts(batch * plan["row_blocks"], query.device)
+        args = (
+            cute_tensor(q2d), kv_arg, cute_tensor(block_tables, 4, all_dynamic=True),
+            cute_tensor(seq_lens, 4), cute_tensor(out2d), cute_tensor(lse.view(-1), 4),
+            cute_tensor(part_o), cute_tensor(part_lse, 4), cute_tensor(counts, 4),
+            Float32(softmax_scale * math.log2(math.e)), Int32(q_len), Int32(heads),
+            Int32(page_size), Int32(batch), Int32(plan["row_blocks"]), Int32(plan["ctas"]),
+            cuda.CUstream(stream.cuda_stream),
+        )  # fmt: skip
+        spec = _kernel_spec(plan, False, False, False, return_lse, ablation)
+        _compiled(spec, args)(*args)
+        return (out, lse) if return_lse else out
     args = (
         cute_tensor(q2d), kv_arg, *scale_arg, cute_tensor(block_tables, 4, all_dynamic=True),
         cute_tensor(seq_lens, 4), cute_tensor(out2d), cute_tensor(lse.view(-1), 4),
         cute_tensor(part_o), cute_tensor(part_lse, 4),
         Float32(softmax_scale * math.log2(math.e)), Int32(q_len), Int32(heads), Int32(splits),
         Int32(page_size), Int32(batch), Int32(plan["row_blocks"]),
-        cuda.CUstream(torch.cuda.current_stream().cuda_stream),
+        cuda.CUstream(stream.cuda_stream),
     )  # fmt: skip
     per_token = fp8 and kv_scale.numel() != 1
-    ablation = str((config or {}).get("ablation", ""))
     spec = _kernel_spec(plan, fp8, per_token, splits > 1, return_lse, ablation)
     _compiled(spec, args)(*args)
     if splits > 1:
