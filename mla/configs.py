@@ -272,6 +272,21 @@ def cute_decode_plan(
     splits = max(1, min(int(splits), max(1, -(-kv_len // CUTE_TILE))))
     stages = int(cfg.get("stages", 2))
     fp8_stages = int(cfg["fp8_stages"]) if fp8 else 0
+    # One CTA per SM taking an equal share of all requests' tiles (cute_decode_persistent.py):
+    # bf16, the tokens layout on one consumer group, and no split count asked for. Off by
+    # default: correct, but slower than one CTA per request in its one H200 run (156 / 180 us
+    # against 149 / 154 us at 16 / 32 heads, docs/mla.md).
+    persistent = int(cfg.get("persistent", 0))
+    asked = int(num_splits or cfg.get("num_splits") or 1)
+    if persistent and (fp8 or layout != "tokens" or wgs != 1 or rows > 32 or asked > 1):
+        raise ValueError("persistent=1 takes a bf16 cache, the tokens layout on one consumer "
+                         "group (16 or 32 rows) and no split count")  # fmt: skip
+    if persistent:
+        splits = 1
+    ctas = num_sms() if persistent else 0
+    workspace = batch * rows_per_req * splits * (512 + 1) * 4 if splits > 1 else 0
+    if persistent:  # two part slots per CTA
+        workspace = 2 * ctas * rows * (512 + 1) * 4
     if fp8:  # query + bf16 tiles + p + FP8 slots must fit the SM's 227 KiB of shared memory
         need = rows * 576 * 2 + stages * CUTE_TILE * 576 * 2 + CUTE_TILE * rows * 2
         need += fp8_stages * CUTE_TILE * 576
@@ -299,7 +314,9 @@ def cute_decode_plan(
         "fp8_stages": fp8_stages,
         "converter_wgs": int(cfg["converter_wgs"]) if fp8 else 0,
         "num_splits": splits,
-        "workspace_bytes": batch * rows_per_req * splits * (512 + 1) * 4 if splits > 1 else 0,
+        "persistent": persistent,
+        "ctas": ctas,
+        "workspace_bytes": workspace,
     }
 
 

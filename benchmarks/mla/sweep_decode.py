@@ -108,6 +108,16 @@ def variants(
         if rows <= 32:
             configs.append(("cute heads", {"layout": "heads"}))
             configs.append(("cute tokens 2 groups", {"layout": "tokens", "wgs": 2}))
+            # one CTA per SM with equal shares of all requests' tiles (and the one-CTA-per-
+            # request grid, named, to compare with whatever the plan picks)
+            configs.append(("cute persistent", {"layout": "tokens", "persistent": 1}))
+            configs.append(("cute per request", {"layout": "tokens", "persistent": 0}))
+            configs.append(
+                (
+                    "cute persistent ablation l2_loads",
+                    {"layout": "tokens", "persistent": 1, "ablation": "l2_loads"},
+                )
+            )
         else:
             configs.append(("cute tokens", {"layout": "tokens"}))
             configs.append(("cute heads", {"layout": "heads"}))  # the one-tile seesaw

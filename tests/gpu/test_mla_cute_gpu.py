@@ -173,6 +173,74 @@ def test_one_request_smaller_than_a_row_block(layout, heads):
     _check(out, lse, *_expected(q, cache, tables, seq), seq)
 
 
+# -- the persistent grid (cute_decode_persistent.py): one CTA per SM, requests cut into parts --
+
+PERSISTENT = {"layout": "tokens", "persistent": 1}
+
+
+@pytest.mark.parametrize(
+    "heads,q_len,rows",
+    [(16, 1, 16), (32, 1, 32), (8, 3, 32), (16, 2, 32), (32, 2, 32), (20, 1, 16)],
+)
+@pytest.mark.parametrize(
+    "lens",
+    [
+        [1000, 64, 3, 777, 0, 130, 66, 5000],  # parts of many CTAs each; an empty request
+        [0, 100, 30],  # fewer tiles than CTAs: most CTAs idle
+        [4096] * 128,  # FlashMLA's batch: about two parts per request
+        [65] * 300,  # more requests than CTAs: several whole requests per CTA
+    ],
+    ids=["ragged", "tiny", "flashmla", "many"],
+)
+def test_persistent_grid(heads, q_len, rows, lens):
+    """Row blocks (32 heads x 2 tokens: two per request), padded rows (20 heads in 16-row
+    blocks), parts merged across CTAs, and the counts left at zero for the next launch."""
+    from tokenspeed.mla import cute_decode_persistent
+
+    lens = [max(n, q_len) if n else 0 for n in lens]
+    q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads + q_len + len(lens))
+    config = {**PERSISTENT, "rows": rows}
+    out, lse = _run(q, cache, tables, seq, config=config)
+    _check(out, lse, *_expected(q, cache, tables, seq), seq)
+    again, _ = _run(q, cache, tables, seq, config=config)
+    assert torch.equal(again, out)  # the same parts, merged the same way
+    for counts in cute_decode_persistent._COUNTS.values():
+        assert int(counts.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("page", [16, 32, 128])
+def test_persistent_page_sizes(page):
+    lens = [300, 17, 256, 0, 1500]
+    q, cache, tables, seq = _problem(lens, 32, 1, page, seed=page + 1)
+    out, lse = _run(q, cache, tables, seq, config=PERSISTENT)
+    _check(out, lse, *_expected(q, cache, tables, seq), seq)
+
+
+def test_persistent_cuda_graph_replay_with_new_lengths():
+    from tokenspeed.mla import configs, cute_decode
+
+    lens = [900, 300, 5000]
+    q, cache, tables, seq = _problem(lens, 16, 1, 64, seed=13)
+    out = torch.empty(3, 1, 16, 512, dtype=torch.bfloat16, device="cuda")
+    plan = configs.cute_decode_plan(3, 1, 16, tables.shape[1] * 64, 64, config=PERSISTENT)
+    workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device="cuda")
+
+    def step():
+        cute_decode.mla_decode(q, cache, tables, seq, SCALE, out=out, workspace=workspace,
+                               config=PERSISTENT)  # fmt: skip
+
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for new in ([128, 960, 4000], [0, 5000, 1]):
+        seq.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        exp, _ = _expected(q, cache, tables, seq)
+        torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
+
+
 # -- FP8 cache (cute_decode_fp8.py): the loader / converter / consumer pipeline ----------------
 
 

@@ -171,6 +171,22 @@ def test_cute_pairs_plan_tile_follows_row_blocks():
         configs.cute_decode_plan(128, 1, 16, 4096, 64, config={"tile": 32})
 
 
+def test_cute_persistent_plan_one_cta_per_sm():
+    """The persistent grid: no split count (even where the per-request grid would split),
+    one CTA per SM and two part slots per CTA; only for the one-group tokens layout."""
+    plan = configs.cute_decode_plan(3, 1, 32, 4096, 64, config={"persistent": 1})
+    assert (plan["persistent"], plan["num_splits"], plan["ctas"]) == (1, 1, configs.num_sms())
+    assert plan["workspace_bytes"] == 2 * configs.num_sms() * 32 * 513 * 4
+    assert configs.cute_decode_plan(3, 1, 32, 4096, 64)["num_splits"] > 1  # the default splits
+    assert configs.cute_decode_plan(128, 1, 16, 4096, 64)["persistent"] == 0
+    for bad in ({"persistent": 1, "layout": "pairs"}, {"persistent": 1, "wgs": 2},
+                {"persistent": 1, "num_splits": 2}):  # fmt: skip
+        with pytest.raises(ValueError, match="persistent"):
+            configs.cute_decode_plan(8, 1, 32, 4096, 64, config=bad)
+    with pytest.raises(ValueError, match="persistent"):
+        configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True, config={"persistent": 1})
+
+
 def test_cute_fp8_decode_plan_rings_and_limits():
     plan = configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True)
     assert (plan["layout"], plan["rows"], plan["wgs"]) == ("tokens", 32, 1)
