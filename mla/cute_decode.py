@@ -554,22 +554,21 @@ class MlaDecodeSm90(KvRingProducer):
             # scale, mask (tokens past the split's end, causal query block), column max
             tile_max = cute.make_rmem_tensor((slots,), Float32)
             tile_max.fill(_NEG_INF)
+            masked = tile_start + TILE > cutlass.min(end, first_t + 1)
             for i in cutlass.range_constexpr(cute.size(acc_s)):
+                m, n = c.coords_s[i]
                 if cutlass.const_expr(s_tok_scale is not None):
-                    acc_s[i] = acc_s[i] * row_scale[(i // 2) % 2]
+                    v = acc_s[i] * row_scale[(i // 2) % 2]
                 else:
-                    acc_s[i] = acc_s[i] * c.scale_log2
-            # one branch per tile (most tiles need no mask), not one per score
-            if tile_start + TILE > cutlass.min(end, first_t + 1):
-                for i in cutlass.range_constexpr(cute.size(acc_s)):
-                    m, n = c.coords_s[i]
+                    v = acc_s[i] * c.scale_log2
+                if masked:
                     row = row0 + wg * rpw + n
                     pos = tile_start + m
                     if pos >= end or pos > first_t + row // c.num_heads:
-                        acc_s[i] = Float32(_NEG_INF)
-            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                        v = Float32(_NEG_INF)
+                acc_s[i] = v
                 j = accumulator_slot(i, rpw)
-                tile_max[j] = cute.arch.fmax(tile_max[j], acc_s[i])
+                tile_max[j] = cute.arch.fmax(tile_max[j], v)
             for j in cutlass.range_constexpr(slots):
                 tile_max[j] = column_max(tile_max[j])
             parity = tile % 2

@@ -44,7 +44,6 @@ from .cute_decode import D_QK, TILE, MlaDecodeSm90
 
 _NEG_INF = -math.inf
 SCAN_UNROLL = 4  # sequence lengths each lane loads at once in the first pass
-Q_STAGES = 1
 
 
 @dsl_user_op
@@ -124,19 +123,19 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
     ):
         mma_s, mma_o, kv_layout, vt_layout, _, p_layout = self._mmas_and_layouts()
         q_layout = sm90_utils.make_smem_layout_b(
-            utils.LayoutEnum.ROW_MAJOR, (TILE, self.rows, D_QK), BFloat16, Q_STAGES
+            utils.LayoutEnum.ROW_MAJOR, (TILE, self.rows, D_QK), BFloat16, 2
         )
         tma_kv_atom, tma_kv, tma_q_atom, tma_q = self._make_tmas(m_q, m_kv, q_layout, kv_layout)
 
         @cute.struct
         class SharedStorage:
             kv_full_empty: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            q_bar: cute.struct.MemRange[cutlass.Int64, Q_STAGES * 2]  # the query's pipeline
+            q_bar: cute.struct.MemRange[cutlass.Int64, 2 * 2]  # the query stages' pipeline
+            flag: cute.struct.MemRange[Int32, 1]
             red: cute.struct.MemRange[Float32, 2 * 4 * self.rows_per_wg]
             alpha: cute.struct.MemRange[Float32, self.rows]
             row_max: cute.struct.MemRange[Float32, self.rows]
             row_sum: cute.struct.MemRange[Float32, self.rows]
-            flag: cute.struct.MemRange[Int32, 2]  # [0]: a part count thread 0 read
             s_kv: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kv_layout)], 1024]
             s_q: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_layout)], 1024]
             s_p: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(p_layout)], 1024]
@@ -213,7 +212,7 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
         )
         q_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.q_bar.data_ptr(),
-            num_stages=Q_STAGES,
+            num_stages=2,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
             tx_count=self.rows * D_QK * 2,
@@ -319,7 +318,7 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
         u0, at, n_segs = line
         boxes = self._kv_boxes(tma_kv_atom, tma_kv, s_kv)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
         for k in cutlass.range(n_segs, unroll=1):
             u = u0 + k
             b, _, nt, start, end, n_tiles, _ = self._segment(m_seq, u, at, lo, hi, row_blocks)
@@ -342,10 +341,10 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
         u0, at, n_segs = line
         c.flag = flag
         c.cta, c.ctas, c.total, c.lo, c.hi = run
-        r_sb = c.mma_s.make_fragment_B(c.thr_s.partition_B(s_q[None, None, 0]))  # (MMA, 1, 36)
+        r_sb = c.mma_s.make_fragment_B(c.thr_s.partition_B(s_q))  # (MMA, 1, 36, query stage)
         acc_o, m_i, l_i = self._fresh_rows(c)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
         for k in cutlass.range(n_segs, unroll=1):
             u = u0 + k
             b, seq_len, nt, start, end, n_tiles, cut = self._segment(
@@ -355,7 +354,7 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
             self._reset_rows(acc_o, m_i, l_i)
             q_pipe.consumer_wait(q_state)
             state = self._consume_tiles(
-                c, kv_pipe, state, r_sb, acc_o, m_i, l_i, row0,
+                c, kv_pipe, state, r_sb[None, None, None, q_state.index], acc_o, m_i, l_i, row0,
                 start, end, seq_len, n_tiles,
             )  # fmt: skip
             q_pipe.consumer_release(q_state)
