@@ -126,16 +126,24 @@ class KvRingProducer:
     def _make_ring(self, storage, consumer_warps: int, warp: Int32, q_bar):
         """The ring's full/empty mbarriers (``consumer_warps`` releases per stage) and the
         query block's barrier, initialised before any warp takes its role."""
-        kv_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.kv_full_empty.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
-            tx_count=TILE * D_QK * 2,
-            defer_sync=True,
+        kv_pipe = self._tma_pipeline(
+            storage.kv_full_empty.data_ptr(), self.stages, consumer_warps, TILE * D_QK * 2
         )
         self._init_query_barrier(warp, q_bar)
         return kv_pipe
+
+    def _tma_pipeline(self, barriers, stages: int, consumer_warps: int, tx_bytes: int):
+        """A ring of ``stages`` buffers filled by one thread's TMA copies of ``tx_bytes``
+        each and released by ``consumer_warps`` warps; its mbarriers at ``barriers`` are
+        initialised here, made visible by the caller's fence and CTA sync."""
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=barriers,
+            num_stages=stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_warps),
+            tx_count=tx_bytes,
+            defer_sync=True,
+        )
 
     @cute.jit
     def _init_query_barrier(self, warp: Int32, q_bar):

@@ -202,22 +202,10 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
         s_kv, s_q, s_p, _, red, s_alpha, s_max, s_sum = self._consumer_smem(
             storage, kv_layout, q_layout, p_layout
         )
-        kv_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.kv_full_empty.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
-            tx_count=TILE * D_QK * 2,
-            defer_sync=True,
+        kv_pipe = self._tma_pipeline(
+            storage.kv_full_empty.data_ptr(), self.stages, 4, TILE * D_QK * 2
         )
-        q_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.q_bar.data_ptr(),
-            num_stages=2,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
-            tx_count=self.rows * D_QK * 2,
-            defer_sync=True,
-        )
+        q_pipe = self._tma_pipeline(storage.q_bar.data_ptr(), 2, 4, self.rows * D_QK * 2)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
