@@ -562,21 +562,22 @@ class MlaDecodeSm90(KvRingProducer):
             # scale, mask (tokens past the split's end, causal query block), column max
             tile_max = cute.make_rmem_tensor((slots,), Float32)
             tile_max.fill(_NEG_INF)
-            masked = tile_start + TILE > cutlass.min(end, first_t + 1)
             for i in cutlass.range_constexpr(cute.size(acc_s)):
-                m, n = c.coords_s[i]
                 if cutlass.const_expr(s_tok_scale is not None):
-                    v = acc_s[i] * row_scale[(i // 2) % 2]
+                    acc_s[i] = acc_s[i] * row_scale[(i // 2) % 2]
                 else:
-                    v = acc_s[i] * c.scale_log2
-                if masked:
+                    acc_s[i] = acc_s[i] * c.scale_log2
+            # one branch per tile (most tiles need no mask), not one per score
+            if tile_start + TILE > cutlass.min(end, first_t + 1):
+                for i in cutlass.range_constexpr(cute.size(acc_s)):
+                    m, n = c.coords_s[i]
                     row = row0 + wg * rpw + n
                     pos = tile_start + m
                     if pos >= end or pos > first_t + row // c.num_heads:
-                        v = Float32(_NEG_INF)
-                acc_s[i] = v
+                        acc_s[i] = Float32(_NEG_INF)
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
                 j = accumulator_slot(i, rpw)
-                tile_max[j] = cute.arch.fmax(tile_max[j], v)
+                tile_max[j] = cute.arch.fmax(tile_max[j], acc_s[i])
             for j in cutlass.range_constexpr(slots):
                 tile_max[j] = column_max(tile_max[j])
             parity = tile % 2
@@ -611,18 +612,21 @@ class MlaDecodeSm90(KvRingProducer):
             if cutlass.const_expr(self.wgs > 1):  # the other group may still read p^T / alpha
                 cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
             cute.autovec_copy(c.r_p, c.t_sp)
-            if warp_in_wg == 0 and lane < 4:
-                for j in cutlass.range_constexpr(slots):
-                    s_alpha[wg * rpw + accumulator_column(j, lane)] = alpha[j]
+            if cutlass.const_expr(self.wgs > 1):
+                if warp_in_wg == 0 and lane < 4:
+                    for j in cutlass.range_constexpr(slots):
+                        s_alpha[wg * rpw + accumulator_column(j, lane)] = alpha[j]
             cute.arch.fence_proxy(
                 cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
             )
             cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
 
             # o^T = o^T * alpha + kv_c^T @ p^T
-            alpha_o = cute.make_rmem_tensor((self.rows // 4,), Float32)
-            for j in cutlass.range_constexpr(self.rows // 4):
-                alpha_o[j] = s_alpha[accumulator_column(j, lane % 4)]
+            alpha_o = alpha  # one group: o^T's columns are s^T's, so its own alphas
+            if cutlass.const_expr(self.wgs > 1):  # two: each holds half the rows' alphas
+                alpha_o = cute.make_rmem_tensor((self.rows // 4,), Float32)
+                for j in cutlass.range_constexpr(self.rows // 4):
+                    alpha_o[j] = s_alpha[accumulator_column(j, lane % 4)]
             for i in cutlass.range_constexpr(cute.size(acc_o)):
                 acc_o[i] = acc_o[i] * alpha_o[accumulator_slot(i, self.rows)]
             vt = cute.make_tensor(c.s_kv[None, None, stage].iterator, c.vt_layout.outer)

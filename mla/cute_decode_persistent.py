@@ -131,11 +131,12 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
         class SharedStorage:
             kv_full_empty: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             q_bar: cute.struct.MemRange[cutlass.Int64, 2 * 2]  # the query stages' pipeline
-            flag: cute.struct.MemRange[Int32, 1]
             red: cute.struct.MemRange[Float32, 2 * 4 * self.rows_per_wg]
             alpha: cute.struct.MemRange[Float32, self.rows]
             row_max: cute.struct.MemRange[Float32, self.rows]
             row_sum: cute.struct.MemRange[Float32, self.rows]
+            # after the float arrays: a 4-byte field before them halves their access width
+            flag: cute.struct.MemRange[Int32, 2]
             s_kv: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kv_layout)], 1024]
             s_q: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_layout)], 1024]
             s_p: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(p_layout)], 1024]

@@ -11,6 +11,7 @@ each path has, and the code size (a large kernel's hot loop can stall on instruc
     python tools/cute_sm90_report.py            # the MLA decode kernels, a few variants
     from tools.cute_sm90_report import compile_report
     print(compile_report(kernel_object, *example_args))   # any CuTe kernel
+    info, sass = compile_sass(kernel_object, *example_args)  # ptxas -v and the SASS itself
 
 Needs ``nvidia-cutlass-dsl`` (``pip install -e .[hopper]``) and a CUDA toolkit's ``ptxas``.
 """
@@ -76,8 +77,9 @@ def _cuobjdump() -> str | None:
         return shutil.which("cuobjdump")
 
 
-def compile_report(kernel: Any, *args: Any) -> CuteReport:
-    """Compile ``cute.compile(kernel, *args)`` for sm_90a without a GPU; report its resources."""
+def compile_sass(kernel: Any, *args: Any) -> tuple[str, str]:
+    """Compile ``cute.compile(kernel, *args)`` for sm_90a without a GPU: ptxas's ``-v``
+    report and the SASS (empty without ``cuobjdump``), for reading a hot loop here."""
     _stub_jit()
     import cutlass.cute as cute
 
@@ -100,6 +102,12 @@ def compile_report(kernel: Any, *args: Any) -> CuteReport:
         if (tool := _cuobjdump()) is not None:
             sass = subprocess.run([tool, "--dump-sass", cubin], capture_output=True,
                                   text=True).stdout  # fmt: skip
+    return info, sass
+
+
+def compile_report(kernel: Any, *args: Any) -> CuteReport:
+    """Compile ``cute.compile(kernel, *args)`` for sm_90a without a GPU; report its resources."""
+    info, sass = compile_sass(kernel, *args)
     registers = max((int(n) for n in re.findall(r"Used (\d+) registers", info)), default=0)
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", info))
     warnings = tuple(line.strip() for line in info.splitlines() if "(C7" in line)
@@ -153,11 +161,39 @@ def _mla_decode_fp8_args(heads: int, page_size: int, *, split: bool, per_token: 
     return (q, cache, scale, *rest)
 
 
+def _mla_decode_persistent_args(rows: int, page_size: int, ctas: int = 132):
+    """Example arguments of the persistent MLA decode: two part slots per CTA, the part
+    counts, and the grid size after the usual scalars."""
+    import cuda.bindings.driver as cuda
+    import torch
+    from cutlass import Float32, Int32
+
+    from tokenspeed.kernels.cute_ops.common import cute_tensor as _cute_tensor
+
+    batch = 4
+    total = batch * rows
+    tensors = (
+        _cute_tensor(torch.empty(total, 576, dtype=torch.bfloat16)),
+        _cute_tensor(torch.empty(64 * page_size, 576, dtype=torch.bfloat16)),
+        _cute_tensor(torch.zeros(batch, 16, dtype=torch.int32), 4, all_dynamic=True),
+        _cute_tensor(torch.zeros(batch, dtype=torch.int32), 4),
+        _cute_tensor(torch.empty(total, 512, dtype=torch.bfloat16)),
+        _cute_tensor(torch.empty(total), 4),
+        _cute_tensor(torch.empty(2 * ctas * rows, 512)),
+        _cute_tensor(torch.empty(2 * ctas * rows), 4),
+        _cute_tensor(torch.zeros(4096, dtype=torch.int32), 4),
+    )
+    scalars = (Float32(0.1), Int32(1), Int32(rows), Int32(page_size), Int32(batch), Int32(1),
+               Int32(ctas), cuda.CUstream(0))  # fmt: skip
+    return tensors + scalars
+
+
 def main() -> None:
-    """Report the MLA decode kernels: KV tokens on M (16/64 rows), 64 rows on M (seesaw of
-    one tile, of pairs), FP8."""
+    """Report the MLA decode kernels: KV tokens on M (16/64 rows), the persistent grid,
+    64 rows on M (seesaw of one tile, of pairs), FP8."""
     from tokenspeed.mla.cute_decode import MlaDecodeSm90
     from tokenspeed.mla.cute_decode_fp8 import MlaDecodeFp8Sm90
+    from tokenspeed.mla.cute_decode_persistent import MlaDecodePersistentSm90
     from tokenspeed.mla.cute_seesaw import MlaDecodeSeesawSm90
     from tokenspeed.mla.cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
 
@@ -174,6 +210,9 @@ def main() -> None:
     for name, kernel, heads, page, split in cases:
         report = compile_report(kernel, *_mla_decode_args(heads, page, split=bool(split)))
         print(f"{name:<40} {report}")
+    persistent = MlaDecodePersistentSm90(32, 64, True)
+    report = compile_report(persistent, *_mla_decode_persistent_args(32, 64))
+    print(f"{'persistent grid, 32 rows, page 64':<40} {report}")
     fp8 = MlaDecodeFp8Sm90(32, 64, 2, 1, False, True, per_token=True, converter_wgs=2)
     report = compile_report(fp8, *_mla_decode_fp8_args(32, 64, split=False, per_token=True))
     print(f"{'FP8 cache, 32 rows, 2 + 1, two converters':<40} {report}")
