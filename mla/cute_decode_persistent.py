@@ -135,7 +135,8 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
             alpha: cute.struct.MemRange[Float32, self.rows]
             row_max: cute.struct.MemRange[Float32, self.rows]
             row_sum: cute.struct.MemRange[Float32, self.rows]
-            # after the float arrays: a 4-byte field before them halves their access width
+            # after the float arrays (a 4-byte field before them halved their access width);
+            # only the first entry is used
             flag: cute.struct.MemRange[Int32, 2]
             s_kv: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kv_layout)], 1024]
             s_q: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_layout)], 1024]
