@@ -164,30 +164,23 @@ def _mla_decode_fp8_args(heads: int, page_size: int, *, split: bool, per_token: 
 
 
 def _mla_decode_persistent_args(rows: int, page_size: int, ctas: int = 132):
-    """Example arguments of the persistent MLA decode: two part slots per CTA, the part
-    counts, and the grid size after the usual scalars."""
+    """Example arguments of the persistent MLA decode: the bf16 ones (``rows`` heads of one
+    query token) with two part slots per CTA, the part counts, and the grid size."""
     import cuda.bindings.driver as cuda
     import torch
     from cutlass import Float32, Int32
 
     from tokenspeed.kernels.cute_ops.common import cute_tensor as _cute_tensor
 
-    batch = 4
-    total = batch * rows
-    tensors = (
-        _cute_tensor(torch.empty(total, 576, dtype=torch.bfloat16)),
-        _cute_tensor(torch.empty(64 * page_size, 576, dtype=torch.bfloat16)),
-        _cute_tensor(torch.zeros(batch, 16, dtype=torch.int32), 4, all_dynamic=True),
-        _cute_tensor(torch.zeros(batch, dtype=torch.int32), 4),
-        _cute_tensor(torch.empty(total, 512, dtype=torch.bfloat16)),
-        _cute_tensor(torch.empty(total), 4),
+    q, kv, bt, seq, out, lse, *_ = _mla_decode_args(rows, page_size, split=False)
+    parts = (
         _cute_tensor(torch.empty(2 * ctas * rows, 512)),
         _cute_tensor(torch.empty(2 * ctas * rows), 4),
         _cute_tensor(torch.zeros(4096, dtype=torch.int32), 4),
     )
-    scalars = (Float32(0.1), Int32(1), Int32(rows), Int32(page_size), Int32(batch), Int32(1),
-               Int32(ctas), cuda.CUstream(0))  # fmt: skip
-    return tensors + scalars
+    scalars = (Float32(0.1), Int32(1), Int32(rows), Int32(page_size), Int32(bt.shape[0]),
+               Int32(1), Int32(ctas), cuda.CUstream(0))  # fmt: skip
+    return (q, kv, bt, seq, out, lse, *parts, *scalars)
 
 
 def main() -> None:
