@@ -274,8 +274,9 @@ def cute_decode_plan(
     fp8_stages = int(cfg["fp8_stages"]) if fp8 else 0
     # One CTA per SM taking an equal share of all requests' tiles (cute_decode_persistent.py):
     # bf16, the tokens layout on one consumer group, and no split count asked for. Off by
-    # default: correct, but slower than one CTA per request in both H200 runs (155 / 171 us
-    # against 149 / 156 us at 16 / 32 heads in the second, docs/mla.md).
+    # default: correct, but slower than one CTA per request in every H200 run (152 / 162 us
+    # against 145 / 148 us at 16 / 32 heads in the latest; its parts' stores stall the ring,
+    # docs/mla.md).
     persistent = int(cfg.get("persistent", 0))
     asked = int(num_splits or cfg.get("num_splits") or 1)
     if persistent and (fp8 or layout != "tokens" or wgs != 1 or rows > 32 or asked > 1):

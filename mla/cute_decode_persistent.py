@@ -9,14 +9,19 @@ of ``G`` takes tiles ``[c T / G, (c + 1) T / G)``. That run crosses request ends
 serves a few *segments* (request, tile range) in turn. Only its first and last segment can
 hold part of a request; the others are whole requests, written as final rows. A part is
 merged by the CTA that finishes its part last: at once, from registers and L2, when the other
-of two parts is already written (the usual case); otherwise each part is written as fp32 rows
-with base-2 LSEs into its CTA's slot (two per CTA) and counted (an atomic count per request,
-reset by the merging CTA for the next launch), and the last one folds them in CTA order. The
-bits do not depend on which CTA merged. Nothing else is launched: no split count, no merge
-kernel.
+of two parts is already written (the usual case); otherwise each part is written (fp32, in
+the consumer threads' order, with base-2 LSEs by row) into its CTA's slot (two per CTA) and
+counted (an atomic count per request, reset by the merging CTA for the next launch), and the
+last one folds them in CTA order. The bits do not depend on which CTA merged. Nothing else
+is launched: no split count, no merge kernel.
+
+Writing a part in the middle of a run stalls the CTA's ring: while the other SMs stream
+tiles, a 64 KiB part takes this SM 6-20 us to store (timed per CTA on the H200, docs/mla.md),
+and no equal share of tiles makes up for that, so this grid stays slower than one CTA per
+request.
 
 The segment table is not built anywhere: each warp derives its CTA's segments from the
-sequence lengths (two passes of warp-wide sums over the requests, a few loads per lane), so
+sequence lengths (two passes over the requests: warp-wide sums, then a scan and ballots), so
 the launch is the same for every batch of the same size and fits a CUDA graph. The producer
 loads each segment's query block into one of two query stages (its own pipeline), so the next
 segment's query and tiles are in flight while the consumers finish the current one.
@@ -34,13 +39,13 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
-from cutlass._mlir.dialects import nvvm
+from cutlass._mlir.dialects import llvm, nvvm
 from cutlass._mlir.dialects.nvvm import AtomicOpKind, MemOrderKind, MemScopeKind
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from tokenspeed.kernels.cute_ops.common import accumulator_column, accumulator_slot
 
-from .cute_decode import D_QK, TILE, MlaDecodeSm90
+from .cute_decode import D_LATENT, D_QK, TILE, MlaDecodeSm90
 
 _NEG_INF = -math.inf
 SCAN_UNROLL = 4  # sequence lengths each lane loads at once in the first pass
@@ -59,6 +64,25 @@ def count_parts(ptr: cute.Pointer, add: int, *, loc=None, ip=None) -> Int32:
             Int32(add).ir_value(loc=loc, ip=ip),
             mem_order=MemOrderKind.ACQ_REL,
             syncscope=MemScopeKind.GPU,
+            loc=loc,
+            ip=ip,
+        )
+    )
+
+
+@dsl_user_op
+def load_acquire(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
+    """The int32 at ``ptr``, loaded with acquire order at GPU scope: a read of a part count
+    that orders the loads of the parts after it, with no fence (``MEMBAR``) of its own."""
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [ptr.llvm_ptr],
+            "ld.acquire.gpu.global.b32 $0, [$1];",
+            "=r,l",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
             loc=loc,
             ip=ip,
         )
@@ -260,16 +284,15 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
             if u >= units:
                 nt = Int32(0)
             end = run + warp_inclusive_sum(nt, lane)
-            ended = Int32(0)
-            begun = Int32(0)
-            if u < units:
-                if end <= lo:
-                    ended = Int32(1)
-                if end - nt < hi:
-                    begun = Int32(1)
-            done = done + warp_sum(ended)
-            done_tiles = done_tiles + warp_sum(ended * nt)
-            started = started + warp_sum(begun)
+            # a unit's start and end grow with u, so both sets are prefixes of the 32 units:
+            # a ballot counts them, and the last unit ending by lo is lane (count - 1)
+            ended = cute.arch.popc(cute.arch.vote_ballot_sync(u < units and end <= lo))
+            begun = cute.arch.popc(cute.arch.vote_ballot_sync(u < units and end - nt < hi))
+            last_end = cute.arch.shuffle_sync(end, cutlass.max(ended - 1, 0))
+            if ended > 0:
+                done_tiles = last_end
+            done = done + ended
+            started = started + begun
             run = cute.arch.shuffle_sync(end, 31)
         n_segs = started - done
         if hi <= lo:
@@ -377,17 +400,22 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
         or counted. Otherwise write the part to ``slot`` and count it; the last part merges
         them all from L2. Both ways give the same bits (two parts fold symmetrically), and the
         count is left at zero for the next launch.
+
+        The count is read with an acquire load, and the other threads read the parts after
+        the barrier that follows it (CUTLASS's semaphore wait does the same). The
+        acquire-release add of 0 it replaces, a GPU-scope fence (``MEMBAR``) and an atomic,
+        took 1.9 / 2.5 us (median, 32 / 16 rows) on the H200 while the other SMs stream
+        tiles; the load takes 0.4 / 0.3 us.
         """
         first = self._cta_of(c, at)
         parts = self._cta_of(c, at + nt - 1) - first + 1
         if c.tidx == 0:
-            c.flag[0] = count_parts(m_count.iterator + u, 0)
+            c.flag[0] = load_acquire(m_count.iterator + u)
         cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
         slots = self.rows // 4
         lse = cute.make_rmem_tensor((slots,), Float32)  # base 2, per own accumulator column
+        self._own_part(c, acc_o, lse)
         if parts == 2 and c.flag[0] == 1:
-            cute.arch.fence_acq_rel_gpu()
-            self._own_part(c, acc_o, lse)
             other = first
             if c.cta == first:
                 other = first + 1
@@ -397,8 +425,7 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
             if c.tidx == 0:
                 m_count[u] = 0
         else:
-            self._write_rows(c, acc_o, m_part_o, m_part_lse, slot * self.rows, 1, 0,
-                             rows_per_req, row0, False)  # fmt: skip
+            self._write_part(c, acc_o, lse, m_part_o, m_part_lse, slot)
             # every thread's stores of the part precede thread 0's release (bar.sync, then a
             # cumulative GPU-scope fence), as in CUTLASS's split-K semaphore
             cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
@@ -407,7 +434,6 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
                 c.flag[0] = count_parts(m_count.iterator + u, 1)
             cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
             if c.flag[0] == parts - 1:
-                cute.arch.fence_acq_rel_gpu()
                 # fold in CTA order, whichever CTA merges (a thread reads back the elements
                 # of its own part it wrote itself)
                 lse.fill(_NEG_INF)
@@ -445,15 +471,45 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
             acc_o[i] = acc_o[i] * inv[accumulator_slot(i, self.rows)]
 
     @cute.jit
+    def _part_vectors(self, c, m_part_o, slot):
+        """This thread's view of part slot ``slot``: ``(4, rows)`` floats, vector ``v`` holding
+        its accumulator elements ``4 v .. 4 v + 3``.
+
+        A part is scratch that only this kernel reads back, and every CTA's consumer thread
+        ``t`` holds the same output elements, so a slot is laid out in the threads' order:
+        vector ``v`` of thread ``t`` at float ``(v * 128 + t) * 4``. Each warp then writes or
+        reads 512 contiguous bytes per 16-byte access. Laid out as output rows, a part took
+        four times the store instructions (each warp's touching four rows), and writing one
+        took 11 us (median; up to 51) on the H200 at 32 rows while the other SMs stream
+        tiles; this way 5.8 us (up to 21).
+        """
+        rows = self.rows
+        base = (m_part_o.iterator + (slot * rows * D_LATENT + c.tidx * 4)).toint()
+        ptr = cute.make_ptr(Float32, base, cute.AddressSpace.gmem, assumed_align=16)
+        return cute.make_tensor(ptr, cute.make_layout((4, rows), stride=(1, 4 * 128)))
+
+    @cute.jit
+    def _write_part(self, c, acc_o, lse, m_part_o, m_part_lse, slot):
+        """This CTA's part (``acc_o`` normalised by ``_own_part``, ``lse`` base 2) into
+        ``slot``: the elements in the threads' order, the LSEs by row."""
+        rows = self.rows
+        g = self._part_vectors(c, m_part_o, slot)
+        own = cute.make_tensor(acc_o.iterator, cute.make_layout((4, rows), stride=(1, 4)))
+        for v in cutlass.range_constexpr(rows):
+            cute.autovec_copy(own[None, v], g[None, v])
+        if c.warp_in_wg == 0 and c.lane < 4:
+            for j in cutlass.range_constexpr(rows // 4):
+                m_part_lse[slot * rows + accumulator_column(j, c.lane)] = lse[j]
+
+    @cute.jit
     def _fold_part(self, c, acc_o, lse, m_part_o, m_part_lse, slot):
         """Fold the part in ``slot`` into the merge (``acc_o`` normalised, ``lse`` base 2):
         each side weighted by its share of the two LSEs' sum."""
         slots = self.rows // 4
         keep = cute.make_rmem_tensor((slots,), Float32)
         take = cute.make_rmem_tensor((slots,), Float32)
-        row_base = slot * self.rows
         for j in cutlass.range_constexpr(slots):
-            theirs = m_part_lse[row_base + accumulator_column(j, c.lane % 4)]
+            theirs = m_part_lse[slot * self.rows + accumulator_column(j, c.lane % 4)]
             both = cute.arch.fmax(lse[j], theirs)
             keep[j] = Float32(0.0)
             take[j] = Float32(0.0)
@@ -463,10 +519,14 @@ class MlaDecodePersistentSm90(MlaDecodeSm90):
                 keep[j] = a / (a + w)
                 take[j] = w / (a + w)
                 lse[j] = both + cute.math.log2(a + w)
-        for i in cutlass.range_constexpr(cute.size(acc_o)):
-            d, n = c.coords_o[i]
-            j = accumulator_slot(i, self.rows)
-            acc_o[i] = acc_o[i] * keep[j] + m_part_o[row_base + n, d] * take[j]
+        g = self._part_vectors(c, m_part_o, slot)
+        part = cute.make_rmem_tensor((4,), Float32)
+        for v in cutlass.range_constexpr(self.rows):
+            cute.autovec_copy(g[None, v], part)
+            for e in cutlass.range_constexpr(4):
+                i = 4 * v + e
+                j = accumulator_slot(i, self.rows)
+                acc_o[i] = acc_o[i] * keep[j] + part[e] * take[j]
 
     @cute.jit
     def _store_merged(self, c, acc_o, lse, m_out, m_lse, base_row, rows_per_req, row0):
