@@ -74,8 +74,11 @@ test-asan: $(STAMP_APT) $(STAMP_DEPS)
 	@$(VENV)/bin/cmake --build $(CPP_ASAN_BUILD) --parallel
 	cd $(CPP_ASAN_BUILD) && $(abspath $(VENV))/bin/ctest --output-on-failure
 
+# PYTHONSAFEPATH: the repository root holds the source folders that install as tokenspeed.*,
+# and its kernels/ would shadow Hugging Face's `kernels` package, which transformers (5.25+)
+# imports, if `python -m` put the working directory on sys.path.
 test-py: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	PYTHONSAFEPATH=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
