@@ -35,9 +35,10 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 from cutlass import BFloat16, Float32, Int32, Uint8, Uint32
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cutlass_dsl import dsl_user_op
+
+from tokenspeed.kernels.cute_ops.common import ptx_i32
 
 from .cute_decode import D_QK, TILE, MlaDecodeSm90
 
@@ -67,19 +68,9 @@ def widen_e4m3x2(word: Uint32, high: bool, *, loc=None, ip=None) -> Uint32:
     """Two of ``word``'s four e4m3 bytes (0-1, or 2-3 when ``high``) as a bf16x2 of the same
     values, exactly: the consumer applies the scale in float32."""
     selector = "0x3424" if high else "0x1404"  # bytes into the top of each half, zeros below
-    return Uint32(
-        llvm.inline_asm(
-            T.i32(),
-            [Uint32(word).ir_value(loc=loc, ip=ip)],
-            _WIDEN_E4M3X2.replace("SELECTOR", selector),
-            "=r,r",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+    word = Uint32(word).ir_value(loc=loc, ip=ip)
+    ptx = _WIDEN_E4M3X2.replace("SELECTOR", selector)
+    return Uint32(ptx_i32(ptx, "=r,r", [word], side_effects=False, loc=loc, ip=ip))
 
 
 class MlaDecodeFp8Sm90(MlaDecodeSm90):

@@ -39,11 +39,11 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
-from cutlass._mlir.dialects import llvm, nvvm
+from cutlass._mlir.dialects import nvvm
 from cutlass._mlir.dialects.nvvm import AtomicOpKind, MemOrderKind, MemScopeKind
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from tokenspeed.kernels.cute_ops.common import accumulator_column, accumulator_slot
+from tokenspeed.kernels.cute_ops.common import accumulator_column, accumulator_slot, ptx_i32
 
 from .cute_decode import D_LATENT, D_QK, TILE, MlaDecodeSm90
 
@@ -74,19 +74,8 @@ def count_parts(ptr: cute.Pointer, add: int, *, loc=None, ip=None) -> Int32:
 def load_acquire(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
     """The int32 at ``ptr``, loaded with acquire order at GPU scope: a read of a part count
     that orders the loads of the parts after it, with no fence (``MEMBAR``) of its own."""
-    return Int32(
-        llvm.inline_asm(
-            T.i32(),
-            [ptr.llvm_ptr],
-            "ld.acquire.gpu.global.b32 $0, [$1];",
-            "=r,l",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+    ptx = "ld.acquire.gpu.global.b32 $0, [$1];"
+    return Int32(ptx_i32(ptx, "=r,l", [ptr.llvm_ptr], side_effects=True, loc=loc, ip=ip))
 
 
 @cute.jit

@@ -1,12 +1,14 @@
 """What the CuTe DSL kernels share: the wgmma accumulator's column order and the reductions
-down its rows (the token axis of a tokens-on-M product), the L2 hint, and the torch-to-CuTe
-tensor view."""
+down its rows (the token axis of a tokens-on-M product), the L2 hint, inline PTX with one
+32-bit result, and the torch-to-CuTe tensor view."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T
 
 # The 64-bit L2 cache-policy operand of an evict-first load (the encoding CUTLASS's
 # TMA::CacheHintSm90::EVICT_FIRST uses): streamed tiles that are read once.
@@ -44,6 +46,24 @@ def column_sum(x: Any) -> Any:
     x = x + cute.arch.shuffle_sync_bfly(x, offset=4)
     x = x + cute.arch.shuffle_sync_bfly(x, offset=8)
     return x + cute.arch.shuffle_sync_bfly(x, offset=16)
+
+
+def ptx_i32(
+    ptx: str, constraints: str, operands: list[Any], *, side_effects: bool, loc=None, ip=None
+) -> Any:
+    """The 32-bit result (an IR value) of inline PTX, for the few instructions the DSL does not
+    wrap; ``side_effects`` keeps a memory access from being moved or dropped."""
+    return llvm.inline_asm(
+        T.i32(),
+        operands,
+        ptx,
+        constraints,
+        has_side_effects=side_effects,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
 
 
 def cute_tensor(t: Any, align: int = 16, *, all_dynamic: bool = False) -> Any:
