@@ -48,6 +48,8 @@ from tokenspeed.kernels.cute_ops.common import (
     column_max,
     column_sum,
     cute_tensor,
+    staged_rows,
+    store_staged_rows,
 )
 
 from .configs import CUTE_TILE, cute_decode_plan
@@ -411,6 +413,7 @@ class MlaDecodeSm90(KvRingProducer):
         )
 
         kv_pipe = self._make_ring(storage, 4 * self.wgs, warp, q_bar)
+        s_stage = storage.s_q.data_ptr()  # the output's staging, once the query is spent
 
         if warp >= self.producer_warp:
             if cutlass.const_expr(self.producer_threads > 32):
@@ -427,7 +430,7 @@ class MlaDecodeSm90(KvRingProducer):
                 mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
                 s_sum, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads,
                 num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx,
-                warp, lane,
+                warp, lane, s_stage=s_stage,
             )  # fmt: skip
 
     @cute.jit
@@ -445,7 +448,7 @@ class MlaDecodeSm90(KvRingProducer):
         self, mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
         s_sum, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits,
         b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp, lane,
-        out_scale=None, s_tok_scale=None,
+        out_scale=None, s_tok_scale=None, s_stage=None,
     ):  # fmt: skip
         """The consumer warp groups: both products and the online softmax, then the output.
 
@@ -453,6 +456,8 @@ class MlaDecodeSm90(KvRingProducer):
         here in float32: one per tensor as ``out_scale`` (the caller folds it into
         ``scale_log2`` too), or one per token from ``s_tok_scale`` (token, stage), which
         multiplies each token's scores and its probabilities before the product with V.
+        ``s_stage``: the query block's shared memory, where the final rows are gathered
+        (``_write_rows``).
         """
         c = self._consumer_setup(
             mma_s, mma_o, s_kv, s_p, vt_layout, red, s_alpha, s_max, s_sum, scale_log2, q_len,
@@ -473,7 +478,8 @@ class MlaDecodeSm90(KvRingProducer):
             self._write_rows(c, acc_o, m_part_o, m_part_lse, base_row, num_splits, split,
                              rows_per_req, row0, False)  # fmt: skip
         else:
-            self._write_rows(c, acc_o, m_out, m_lse, base_row, 1, 0, rows_per_req, row0, True)
+            self._write_rows(c, acc_o, m_out, m_lse, base_row, 1, 0, rows_per_req, row0, True,
+                             s_stage)  # fmt: skip
 
     @cute.jit
     def _consumer_setup(
@@ -668,7 +674,7 @@ class MlaDecodeSm90(KvRingProducer):
     @cute.jit
     def _write_rows(
         self, c, acc_o, m_o, m_lse_out, first_row, row_step, row_off, rows_per_req, row0,
-        final: cutlass.Constexpr,
+        final: cutlass.Constexpr, s_stage=None,
     ):  # fmt: skip
         """Normalise the block's rows and store them: ``final``, the bf16 output and the
         natural-log LSE (when asked for) at row ``first_row + n``; otherwise fp32 rows and
@@ -678,7 +684,12 @@ class MlaDecodeSm90(KvRingProducer):
         division and no branch but the row guard (a predicated store). With a division and
         its ``total > 0`` branch per element, the 128 elements' latencies did not overlap:
         at 32 rows this epilogue took about 10 us at the end of every CTA on the H200 (the
-        time of five tiles), and the decode gained 5-7 % when it went (docs/mla.md)."""
+        time of five tiles), and the decode gained 5-7 % when it went (docs/mla.md).
+
+        With ``s_stage`` (shared memory no product reads any more, ``rows x 520`` bf16) the
+        final rows are gathered there and stored whole (``store_staged_rows``): a thread's
+        fragment holds pairs of rows, not of dims, so straight from it each warp store writes
+        16 bytes in each of 4 rows, 2 bytes a thread."""
         slots = self.rows // 4
         inv = cute.make_rmem_tensor((slots,), Float32)
         for j in cutlass.range_constexpr(slots):
@@ -688,15 +699,24 @@ class MlaDecodeSm90(KvRingProducer):
                 inv[j] = 1.0 / total
                 if cutlass.const_expr(c.out_scale is not None):
                     inv[j] = c.out_scale / total
+        staging = cutlass.const_expr(final and s_stage is not None)
+        if cutlass.const_expr(staging):
+            staged = staged_rows(s_stage, self.rows, D_LATENT)
         for i in cutlass.range_constexpr(cute.size(acc_o)):
             d, n = c.coords_o[i]
             value = acc_o[i] * inv[accumulator_slot(i, self.rows)]
             dim = c.wg * self.dims_per_wg + d
-            if row0 + n < rows_per_req:
+            if cutlass.const_expr(staging):
+                staged[n, dim] = value.to(BFloat16)
+            elif row0 + n < rows_per_req:
                 if cutlass.const_expr(final):
                     m_o[first_row + n, dim] = value.to(BFloat16)
                 else:
                     m_o[(first_row + n) * row_step + row_off, dim] = value
+        if cutlass.const_expr(staging):
+            cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
+            store_staged_rows(staged, m_o, first_row, rows_per_req - row0, c.tidx,
+                              self.consumer_threads)  # fmt: skip
         if c.tidx < self.rows:
             n = c.tidx
             if row0 + n < rows_per_req:

@@ -219,6 +219,7 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
             defer_sync=True,
         )
         self._init_query_barrier(warp, q_bar)
+        s_stage = storage.s_q.data_ptr()  # the output's staging, once the query is spent
 
         if warp >= self.producer_warp:
             cute.arch.warpgroup_reg_dealloc(40)
@@ -237,7 +238,7 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
                 mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
                 s_sum, m_out, m_lse, m_part_o, m_part_lse, m_scale, s_tok_scale, scale_log2,
                 q_len, num_heads, num_splits, b, split, rows_per_req, row0, start, end,
-                seq_len, n_tiles, tidx, warp, lane,
+                seq_len, n_tiles, tidx, warp, lane, s_stage,
             )  # fmt: skip
 
     @cute.jit
@@ -245,7 +246,7 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
         self, mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
         s_sum, m_out, m_lse, m_part_o, m_part_lse, m_scale, s_tok_scale, scale_log2, q_len,
         num_heads, num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles,
-        tidx, warp, lane,
+        tidx, warp, lane, s_stage,
     ):  # fmt: skip
         """The bf16 kernel's consumer over tiles of raw e4m3 values: the scale is applied
         here, in float32 (per token from ``s_tok_scale``, or the tensor's)."""
@@ -258,7 +259,8 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
         self._consume(
             mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max, s_sum,
             m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, b,
-            split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp, lane, **scaling,
+            split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp, lane,
+            s_stage=s_stage, **scaling,
         )  # fmt: skip
 
     @cute.jit

@@ -48,6 +48,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.nvgpu import warpgroup
 
+from tokenspeed.kernels.cute_ops.common import staged_rows, store_staged_rows, vector_at
+
 from .cute_decode import TILE, KvRingProducer
 
 ROWS = 64  # query rows per CTA: the wgmma M
@@ -79,10 +81,14 @@ class TwoGroupRows:
     @cute.jit
     def _finish_rows(
         self, acc_o, coords_o, l_own, m_run, s_sum, my_rows, wg, lane, b, split, rows_per_req,
-        row0, num_splits, m_out, m_lse, m_part_o, m_part_lse,
+        row0, num_splits, m_out, m_lse, m_part_o, m_part_lse, s_stage,
     ):  # fmt: skip
         """Add the two groups' denominators, normalise this group's half of ``O`` and write
-        it (and, from group 0, the rows' LSE); rows past the request are not written."""
+        it (and, from group 0, the rows' LSE); rows past the request are not written.
+
+        ``s_stage`` is shared memory no product reads any more (the query block), at least
+        ``64 x 520`` bf16: the final rows are gathered there and stored whole
+        (``store_staged_rows``)."""
         for h in cutlass.range_constexpr(2):
             x = l_own[h]
             x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
@@ -100,16 +106,28 @@ class TwoGroupRows:
             if total > 0.0:
                 inv[h] = 1.0 / total
 
+        # Elements i and i + 1 are adjacent dims of one row: moved together (4 bytes bf16, 8
+        # fp32), scaled and converted outside any branch.
         base_row = b * rows_per_req + row0
-        for i in cutlass.range_constexpr(cute.size(acc_o)):
+        dtype = Float32 if cutlass.const_expr(self.split) else BFloat16
+        pair = cute.make_rmem_tensor((2,), dtype)
+        staged = staged_rows(s_stage, ROWS, D_LATENT)
+        for i in cutlass.range_constexpr(0, cute.size(acc_o), 2):
             n, d = coords_o[i]
-            if row0 + n < rows_per_req:
-                dim = wg * HALF_V + d
-                value = acc_o[i] * inv[(i // 2) % 2]
-                if cutlass.const_expr(self.split):
-                    m_part_o[(base_row + n) * num_splits + split, dim] = value
-                else:
-                    m_out[base_row + n, dim] = value.to(BFloat16)
+            scale = inv[(i // 2) % 2]
+            pair[0] = (acc_o[i] * scale).to(dtype)
+            pair[1] = (acc_o[i + 1] * scale).to(dtype)
+            dim = wg * HALF_V + d
+            if cutlass.const_expr(self.split):
+                dst = vector_at(m_part_o, ((base_row + n) * num_splits + split, dim), 2)
+                if row0 + n < rows_per_req:
+                    cute.autovec_copy(pair, dst)
+            else:
+                cute.autovec_copy(pair, vector_at(staged, (n, dim), 2))
+        if cutlass.const_expr(not self.split):
+            cute.arch.barrier(barrier_id=_BAR_CONSUMERS, number_of_threads=_PAIR)
+            tidx, _, _ = cute.arch.thread_idx()  # the consumers are threads 0-255
+            store_staged_rows(staged, m_out, base_row, rows_per_req - row0, tidx, _PAIR)
         if wg == 0 and lane % 4 == 0:
             for h in cutlass.range_constexpr(2):
                 n = my_rows[h]
@@ -258,6 +276,7 @@ class MlaDecodeSeesawSm90(KvRingProducer, TwoGroupRows):
         s_sum = storage.row_sum.get_tensor(cute.make_layout((ROWS, 2)))
 
         kv_pipe = self._make_ring(storage, 8, warp, q_bar)  # 8 consumer warps
+        s_stage = storage.s_q.data_ptr()  # the output's staging, once the query is spent
 
         if warp >= self.producer_warp:
             cute.arch.warpgroup_reg_dealloc(40)
@@ -272,13 +291,14 @@ class MlaDecodeSeesawSm90(KvRingProducer, TwoGroupRows):
                 mma_s, mma_o, s_kv, s_q, s_p, v_layout, q_bar, kv_pipe, s_max, s_alpha, s_sum,
                 m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits,
                 b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp,
+                s_stage,
             )  # fmt: skip
 
     @cute.jit
     def _consume(
         self, mma_s, mma_o, s_kv, s_q, s_p, v_layout, q_bar, kv_pipe, s_max, s_alpha, s_sum,
         m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, b, split,
-        rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp,
+        rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp, s_stage,
     ):  # fmt: skip
         """A consumer warp group: its tiles' scores and softmax, its half of every P @ V."""
         wg = warp // 4
@@ -321,7 +341,7 @@ class MlaDecodeSeesawSm90(KvRingProducer, TwoGroupRows):
 
         self._finish_rows(
             acc_o, coords_o, l_own, m_run, s_sum, my_rows, wg, lane, b, split, rows_per_req,
-            row0, num_splits, m_out, m_lse, m_part_o, m_part_lse,
+            row0, num_splits, m_out, m_lse, m_part_o, m_part_lse, s_stage,
         )  # fmt: skip
 
     # -- the schedule --------------------------------------------------------------------------

@@ -467,7 +467,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
 
         self._finish_rows(
             acc_o, coords_o, l_own, m_run, s_sum, my_rows, wg, c.lane, b, split, rows_per_req,
-            row0, num_splits, m_out, m_lse, m_part_o, m_part_lse,
+            row0, num_splits, m_out, m_lse, m_part_o, m_part_lse, storage.s_q.data_ptr(),
         )  # fmt: skip
 
     # -- the two groups' parts of a pair ------------------------------------------------------

@@ -1,11 +1,13 @@
 """What the CuTe DSL kernels share: the wgmma accumulator's column order and the reductions
 down its rows (the token axis of a tokens-on-M product), the L2 hint, inline PTX with one
-32-bit result, and the torch-to-CuTe tensor view."""
+32-bit result, vector accesses the DSL cannot prove aligned, output rows staged in shared
+memory and stored whole, and the torch-to-CuTe tensor view."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import cutlass
 import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T
@@ -64,6 +66,57 @@ def ptx_i32(
         loc=loc,
         ip=ip,
     )
+
+
+def vector_at(t: Any, coord: Any, n: int) -> Any:
+    """``n`` elements of ``t`` from ``coord`` along its unit-stride last mode, as a tensor whose
+    offset is asserted to be a multiple of ``n``, so that one vector access covers them.
+
+    The caller guarantees it (for instance, a wgmma accumulator's element pairs are adjacent
+    columns from an even one, and padded rows keep 16-byte chunks aligned). The DSL cannot
+    prove that of a run-time index and would split the access into single elements.
+    """
+    offset = cute.assume(cute.crd2idx(coord, t.layout), divby=n)
+    return cute.make_tensor(t.iterator + offset, cute.make_layout((n,), stride=(1,)))
+
+
+# Rows an epilogue stages in shared memory are padded by 16 bytes: the 8 rows one store of a
+# wgmma accumulator fragment spans then fall in distinct banks (a 1 KiB row stride would put
+# them all in the same four).
+STAGE_ROW_PAD = 8
+
+
+def staged_rows(ptr: Any, rows: int, dims: int) -> Any:
+    """A ``[rows, dims]`` view of shared memory from ``ptr`` (16-byte aligned), for an epilogue
+    to gather its output rows in before ``store_staged_rows`` writes them out whole."""
+    return cute.make_tensor(ptr, cute.make_layout((rows, dims), stride=(dims + STAGE_ROW_PAD, 1)))
+
+
+@cute.jit
+def store_staged_rows(
+    s_rows: cute.Tensor, m_out: cute.Tensor, first_row: Any, valid_rows: Any, tid: Any,
+    threads: cutlass.Constexpr,
+):  # fmt: skip
+    """Copy staged rows ``0 .. valid_rows - 1`` to ``m_out``'s rows from ``first_row``, by the
+    ``threads`` threads numbered ``tid``: 16 bytes per access, and each warp's access one
+    contiguous run of 512 bytes.
+
+    Stored straight from accumulator fragments, every warp store wrote 16 bytes in each of 8
+    rows: under the other SMs' read traffic, the 64-row kernel's 64 rows took the H200 5.5 us
+    at the end of every CTA (0.8 us of it not the stores); staged and stored this way, 2.0 us
+    (docs/mla.md)."""
+    rows = cute.size(s_rows, mode=[0])
+    vec = 128 // m_out.element_type.width
+    per_row = cute.size(s_rows, mode=[1]) // vec
+    assert (rows * per_row) % threads == 0, "staged rows must split evenly over the threads"
+    chunk = cute.make_rmem_tensor((vec,), m_out.element_type)
+    for k in cutlass.range_constexpr(rows * per_row // threads):
+        index = k * threads + tid
+        row = index // per_row
+        col = (index % per_row) * vec
+        cute.autovec_copy(vector_at(s_rows, (row, col), vec), chunk)
+        if row < valid_rows:
+            cute.autovec_copy(chunk, vector_at(m_out, (first_row + row, col), vec))
 
 
 def cute_tensor(t: Any, align: int = 16, *, all_dynamic: bool = False) -> Any:
