@@ -17,7 +17,9 @@ run() {  # name, command...
   tail -n 5 "$OUT/$name.log"
 }
 cd "$ROOT"
-run gpu_tests "$PY" -m pytest tests/gpu -q -p no:cacheprovider
+# PYTHONSAFEPATH: with the repository root on sys.path, our kernels/ would shadow Hugging
+# Face's kernels package, which transformers >= 5.25 imports (as in the Makefile)
+run gpu_tests env PYTHONSAFEPATH=1 "$PY" -m pytest tests/gpu -q -p no:cacheprovider
 run numerics "$PY" -m tokenspeed.kernels.numerics --device cuda
 for bench in decode_attention extend_attention fused_moe rms_norm; do
   run "bench_$bench" "$PY" "$HERE/bench_$bench.py" --out "$OUT/$bench.json" ${BENCH_ARGS:-}

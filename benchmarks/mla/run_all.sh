@@ -18,7 +18,9 @@ run() {  # name, command...
   tail -n 40 "$OUT/$name.log"
 }
 cd "$ROOT"
-run mla_gpu_tests "$PY" -m pytest tests/gpu/test_mla_gpu.py -q -p no:cacheprovider
+# PYTHONSAFEPATH: with the repository root on sys.path, our kernels/ would shadow Hugging
+# Face's kernels package, which transformers >= 5.25 imports (as in the Makefile)
+run mla_gpu_tests env PYTHONSAFEPATH=1 "$PY" -m pytest tests/gpu/test_mla_gpu.py -q -p no:cacheprovider
 run mla_bench "$PY" -m tokenspeed.mla.bench --out "$OUT/mla_bench.json" ${BENCH_ARGS:-}
 if [ -z "${SKIP_SWEEP:-}" ]; then
   run mla_sweep "$PY" -m tokenspeed.mla.bench --sweep --only sweep --sweep-seconds "${SWEEP_SECONDS:-30}" --out "$OUT/mla_sweep.json"
