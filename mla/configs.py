@@ -255,13 +255,14 @@ def cute_decode_plan(
     row_blocks = -(-rows_per_req // rows)
     if page_size >= CUTE_TILE and page_size % CUTE_TILE:
         raise ValueError(f"page_size={page_size}: pages of 64 tokens or more must hold whole tiles")
-    # The pairs kernel's tile: 32 tokens (a ring of two pairs, so a pair's loads go out a
-    # pair ahead) for one 64-row block per request, whose loads set the pace: 175.8 against
-    # 178.1 us on average at 64 heads, faster in 5 of 6 paired H200 readings (docs/mla.md),
-    # with O rescaled only where a row's max moved (its consumer alone 149-156 against 164
-    # us). 64 tokens for more rows: there the second row block's loads hit L2, the consumer
+    # The pairs kernel's tile: 64 tokens. 32 (a ring of two pairs, so a pair's loads go out a
+    # pair ahead, with O rescaled only where a row's max moved) was the default for one
+    # 64-row block per request from the sixteenth session, when it led by 1.3 % on average
+    # at 64 heads; four later H200 runs (3-7 rounds each, three machines) put 64-token tiles
+    # ahead by 2.0-4.6 %, so over all readings the two are within 1 % and the simpler rule
+    # wins (docs/mla.md). With more rows the second row block's loads hit L2, the consumer
     # sets the pace, and 32-token products cost 7 %.
-    default_tile = 32 if layout == "pairs" and rows_per_req <= 64 else CUTE_TILE
+    default_tile = CUTE_TILE
     tile = int(cfg.get("tile", default_tile))
     if tile not in (32, CUTE_TILE) or (tile != CUTE_TILE and layout != "pairs"):
         raise ValueError(f"tile={tile}: the pairs layout takes 32 or 64 tokens, others 64")

@@ -152,17 +152,21 @@ def test_cute_decode_plan_rows_groups_pages_and_workspace():
     assert configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True)["page_prefetch"] == 0
 
 
-def test_cute_pairs_plan_tile_follows_row_blocks():
-    """One 64-row block per request: 32-token tiles (a ring of two pairs) with the lazy
-    rescale; more rows: 64-token tiles; a config may pick either."""
+def test_cute_pairs_plan_tile():
+    """64-token tiles at any row count; a config may pick 32-token tiles (a ring of two
+    pairs), which bring the lazy rescale with them."""
     plan = configs.cute_decode_plan(128, 1, 64, 4096, 64)
-    assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (32, 1, 32)
+    assert (plan["layout"], plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (
+        "pairs", 64, 0, 64,
+    )  # fmt: skip
     plan = configs.cute_decode_plan(128, 2, 32, 4096, 16)
-    assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (32, 1, 16)
+    assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (64, 0, 16)
     plan = configs.cute_decode_plan(128, 1, 128, 4096, 64)
     assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (64, 0, 64)
-    plan = configs.cute_decode_plan(128, 1, 64, 4096, 64, config={"tile": 64})
-    assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (64, 0, 64)
+    plan = configs.cute_decode_plan(128, 1, 64, 4096, 64, config={"tile": 32})
+    assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (32, 1, 32)
+    plan = configs.cute_decode_plan(128, 2, 32, 4096, 16, config={"tile": 32})
+    assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (32, 1, 16)
     plan = configs.cute_decode_plan(128, 1, 16, 4096, 64)  # the tokens layout: whole tiles
     assert (plan["layout"], plan["tile"], plan["lazy_rescale"]) == ("tokens", 64, 0)
     with pytest.raises(ValueError, match="tile"):
@@ -263,7 +267,7 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
         spec = cute_decode._kernel_spec(plan, fp8, fp8, split, True, "")
         return cute_decode.decode_kernel(spec)
 
-    pairs32 = build(configs.cute_decode_plan(128, 1, 64, 4096, 64))
+    pairs32 = build(configs.cute_decode_plan(128, 1, 64, 4096, 64, config={"tile": 32}))
     assert isinstance(pairs32, MlaDecodeSeesawPairsSm90)
     assert (pairs32.tile, pairs32.lazy_rescale, pairs32.stages, pairs32.copies_per_tile) == (
         32, True, 4, 1)  # fmt: skip
