@@ -262,8 +262,7 @@ def cute_decode_plan(
     # ahead by 2.0-4.6 %, so over all readings the two are within 1 % and the simpler rule
     # wins (docs/mla.md). With more rows the second row block's loads hit L2, the consumer
     # sets the pace, and 32-token products cost 7 %.
-    default_tile = CUTE_TILE
-    tile = int(cfg.get("tile", default_tile))
+    tile = int(cfg.get("tile", CUTE_TILE))
     if tile not in (32, CUTE_TILE) or (tile != CUTE_TILE and layout != "pairs"):
         raise ValueError(f"tile={tile}: the pairs layout takes 32 or 64 tokens, others 64")
     page_block = min(page_size, tile)
