@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,15 +11,8 @@ SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "kernels" / "sweep
 
 
 @pytest.fixture(scope="module")
-def sweep():
-    sys.path.insert(0, str(SCRIPT.parent))  # the script imports its sibling ``common``
-    spec = importlib.util.spec_from_file_location("sweep_gqa_moe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
-    sys.path.remove(str(SCRIPT.parent))
+def sweep(load_script):
+    return load_script(SCRIPT, siblings=True)  # the script imports its sibling ``common``
 
 
 def test_plan_covers_every_target_shape_with_the_default_first(sweep):

@@ -3,8 +3,6 @@ spread, and the script refuses to run without a GPU."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,13 +12,8 @@ SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "mla" / "sweep_dec
 
 
 @pytest.fixture(scope="module")
-def sweep():
-    spec = importlib.util.spec_from_file_location("sweep_decode", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+def sweep(load_script):
+    return load_script(SCRIPT)
 
 
 def test_rounds_report_the_median_and_the_spread(sweep):

@@ -4,8 +4,6 @@ that never stamped are left out, and the script refuses to run without a GPU."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,13 +13,8 @@ SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "mla" / "timeline_
 
 
 @pytest.fixture(scope="module")
-def timeline():
-    spec = importlib.util.spec_from_file_location("timeline_decode", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+def timeline(load_script):
+    return load_script(SCRIPT)
 
 
 def _clock(t, rows: list[dict[int, int]]) -> torch.Tensor:
