@@ -9,28 +9,32 @@ other). Here the tiles go in pairs ``(A, B)``, A in one ring stage and B in the 
 group scores its own tile of the pair (group 0 tile A, group 1 tile B). ``O[64, 512]`` is
 split by columns: group 0 owns ``O_L`` (dims 0-255), group 1 ``O_R`` (256-511). One pair:
 
-1. [0] ``m0 = max(m, rowmax S_A)``, ``scale0 = exp2(m - m0)``; publish both; ``P_A`` (registers)
-   and ``O_L = O_L * scale0 + P_A @ V_AL`` (``P`` straight from registers).
-2. [1] ``m1 = max(m0, rowmax S_B)``, ``scale1 = exp2(m0 - m1)``; publish; ``P_B`` to shared
-   memory and ``O_R = O_R * scale0 * scale1 + P_B @ V_BR`` (registers).
-3. [0] ``P_A * scale1`` to shared memory; ``O_L = O_L * scale1 + P_B @ V_BL``; then the scores
-   of the next pair's tile A.
-4. [1] ``O_R += (P_A * scale1) @ V_AR``; then the scores of the next pair's tile B.
+1. [0] ``m0 = max(m, rowmax S_A)``, ``scale0 = exp2(m - m0)``; publish both; ``P_A`` (to
+   ``m0``) in registers, ``O_L = O_L * scale0 + P_A @ V_AL`` (``P`` straight from registers),
+   and ``P_A`` to shared memory while that runs.
+2. [1] ``m1 = max(m0, rowmax S_B)``, ``scale1 = exp2(m0 - m1)``; publish;
+   ``O_R = O_R * scale0 + P_A @ V_AR``, and tile B's softmax (``P_B``, to ``m1``) while that
+   runs; ``P_B`` to shared memory; ``O_R = O_R * scale1 + P_B @ V_BR`` (registers); then the
+   scores of the next pair's tile B.
+3. [0] ``O_L = O_L * scale1 + P_B @ V_BL``; then the scores of the next pair's tile A.
 
-So group 1 scores the next B while group 0 runs the next softmax, and group 0's values
-product runs while group 1 runs its softmax: the tensor cores always have a product queued.
-The arithmetic is FlashAttention's online softmax, reordered.
+So group 1 scores the next B while group 0 runs the next softmax, group 0's values product
+runs while group 1 runs its softmax, and group 1's first product runs under its own softmax:
+the tensor cores always have a product queued. The arithmetic is FlashAttention's online
+softmax, reordered. (Until 2026-12-03 group 1 added ``P_A @ V_AR`` last, with ``P_A`` rescaled
+to ``m1`` by group 0, so tile A's stage, the first one the next pair needs, was the last to
+free: 1.8-3.5 % slower at 64 heads, docs/mla.md.)
 
 **Loads in halves.** A stage is loaded as two halves with their own full/empty barriers:
 ``lo`` (dims 0-255) and ``hi`` (dims 256-575), each released by the group whose product reads
-it last. A's ``lo`` is free as soon as group 0's ``P_A @ V_AL`` is done, well before the pair
-ends, so the next A's first 256 dims are on their way while the pair is still being computed,
-and the next A's scores start on them while its ``hi`` half lands. The halves free up in the
-order A lo, B hi, A hi, B lo; a producer warp reads the block table and issues the TMA copies
-(one 64-dim box at a time) in that order, and group 1 scores its tile hi half first.
+it last. Tile A's halves are free once ``P_A @ V_AL`` and ``P_A @ V_AR`` are done, in the first
+half of the pair, so the next A is on its way while the pair is still being computed; B's
+are free at the pair's end. The halves free up in the order A lo, A hi, B hi, B lo; a producer
+warp reads the block table and issues the TMA copies (one 64-dim box at a time) in that order,
+and group 1 scores its next tile hi half first.
 
 **Tiles of 64 or 32 tokens.** With 64-token tiles a pair fills the ring's two 72 KiB stages,
-so most of the next pair's bytes go out only at this pair's end and are needed at once: the
+so the next pair's tile B goes out only at this pair's end and is needed soon after: the
 loads set the pace for one 64-row block per request. With 32-token tiles (``tile=32``) the same
 144 KiB is four stages and holds two pairs; pair ``p`` uses stages ``2 (p % 2)`` and ``+1``, so
 its loads are issued while pair ``p - 1`` is computed. The products are half as wide and the
@@ -81,15 +85,16 @@ _NEG_INF = -math.inf
 # other (a hardware barrier counts threads, not who arrived).
 _BAR_SCALE0 = 1  # group 0 published m0 and scale0
 _BAR_SCALE1 = 2  # group 1 published m1 and scale1
-_BAR_PA = 3  # group 0 wrote P_A * scale1 to shared memory
+_BAR_PA = 3  # group 0 wrote P_A to shared memory
 _BAR_PB = 4  # group 1 wrote P_B to shared memory
+_BAR_PA_FREE = 6  # group 1's product with P_A is done: the next P_A may be written
 # (barrier 5 is the shared epilogue's: cute_seesaw._BAR_CONSUMERS; _PAIR: the 256 consumer threads)
 # Ring halves: index 2 * stage + half (half 0: lo, 1: hi), each released by the four warps of
 # the group whose product reads it last: A lo group 0 (V_AL), A hi group 1 (V_AR), B lo group 0
-# (V_BL), B hi group 1 (V_BR). They free up in the order A lo, B hi, A hi, B lo, which is the
+# (V_BL), B hi group 1 (V_BR). They free up in the order A lo, A hi, B hi, B lo, which is the
 # producer's order too (one waiting half must not hold back the others).
 _RELEASERS = 4
-_LOAD_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))  # (stage, half)
+_LOAD_ORDER = ((0, 0), (0, 1), (1, 1), (1, 0))  # (stage, half)
 
 
 class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
@@ -449,6 +454,8 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         # no wgmma sits in a branch within a body: where branches join, ptxas would have to
         # merge registers a wgmma may still be writing, and it then serialises every wgmma of
         # the kernel (warning C7515; FlashMLA's source notes the same).
+        if wg == 1:  # group 0 waits for this arrival before each P_A it writes
+            cute.arch.barrier_arrive(barrier_id=_BAR_PA_FREE, number_of_threads=_PAIR)
         for p in cutlass.range(n_pairs, unroll=1):
             left = n_tiles - 2 * p  # tiles from this pair's A on
             if wg == 0:
@@ -465,6 +472,8 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
                     self._pair_group1(c, acc_s, acc_o, m_run, l_own, r_pa, r_p, p, True, False)
                 else:
                     self._pair_group1(c, acc_s, acc_o, m_run, l_own, r_pa, r_p, p, False, False)
+        if wg == 0:  # the last pair's arrival
+            cute.arch.barrier(barrier_id=_BAR_PA_FREE, number_of_threads=_PAIR)
 
         self._finish_rows(
             acc_o, coords_o, l_own, m_run, s_sum, my_rows, wg, c.lane, b, split, rows_per_req,
@@ -499,6 +508,9 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         self._rescale(acc_o, l_own, scale)
         self._exponentiate(c, acc_s, l_own, r_pa, r_p, mu)
         self._issue_values(c, acc_o, r_pa, True, p, 0, 0)  # O_L += P_A @ V_AL, P_A in registers
+        # P_A (to m0) for group 1's P_A @ V_AR, once its product with the last one is done
+        cute.arch.barrier(barrier_id=_BAR_PA_FREE, number_of_threads=_PAIR)
+        self._hand_over(c, r_p, 0, _BAR_PA)
         warpgroup.wait_group(0)
         self._release(c, p, 0, 0)  # A lo: V_AL read, A scored
         # group 1's softmax of tile B: its max is the running max now
@@ -506,9 +518,6 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         for h in cutlass.range_constexpr(2):
             m_run[h] = s_m1[my_rows[h]]
             scale[h] = s_scale1[my_rows[h]]
-        for i in cutlass.range_constexpr(cute.size(acc_s)):
-            r_p[i] = (acc_s[i] * scale[(i // 2) % 2]).to(BFloat16)
-        self._hand_over(c, r_p, 0, _BAR_PA)
         self._rescale(acc_o, l_own, scale)
         if cutlass.const_expr(has_b):
             cute.arch.barrier(barrier_id=_BAR_PB, number_of_threads=_PAIR)
@@ -526,8 +535,8 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     @cute.jit
     def _pair_group1(self, c, acc_s, acc_o, m_run, l_own, r_pa, r_p, p,
                      has_b: cutlass.Constexpr, has_next: cutlass.Constexpr):  # fmt: skip
-        """Tile B's softmax after group 0's max, ``O_R += P_B @ V_BR`` (``has_b``), ``O_R +=
-        P_A @ V_AR``, then the next tile B's scores (``has_next``; left in ``acc_s``)."""
+        """``O_R += P_A @ V_AR`` under tile B's softmax (after group 0's max), ``O_R += P_B @
+        V_BR`` (``has_b``), then the next tile B's scores (``has_next``; left in ``acc_s``)."""
         my_rows = c.my_rows
         tile_max = cute.make_rmem_tensor((2,), Float32)
         tile_max.fill(_NEG_INF)
@@ -554,19 +563,26 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         cute.arch.barrier_arrive(barrier_id=_BAR_SCALE1, number_of_threads=_PAIR)
         for h in cutlass.range_constexpr(2):  # the sums so far, before P_B's are added
             l_own[h] = l_own[h] * both[h]
-        if cutlass.const_expr(has_b):
-            self._exponentiate(c, acc_s, l_own, r_pa, r_p, mu)
-            self._hand_over(c, r_p, 1, _BAR_PB)  # P_B first: group 0 waits for it
-        self._rescale(acc_o, None, both)
-        if cutlass.const_expr(has_b):
-            self._issue_values(c, acc_o, r_pa, True, p, 1, 1)  # O_R += P_B @ V_BR, P_B in registers
+        # O_R to m0, O_R += P_A @ V_AR under this group's softmax of tile B (so tile A's hi
+        # half frees mid-pair), then O_R to m1 and O_R += P_B @ V_BR
+        scale0 = cute.make_rmem_tensor((2,), Float32)
+        for h in cutlass.range_constexpr(2):
+            scale0[h] = s_scale0[my_rows[h]]
+        self._rescale(acc_o, None, scale0)
         cute.arch.barrier(barrier_id=_BAR_PA, number_of_threads=_PAIR)
         self._issue_values(c, acc_o, r_pa, False, p, 0, 1)  # O_R += P_A @ V_AR
         if cutlass.const_expr(has_b):
-            warpgroup.wait_group(1)
-            self._release(c, p, 1, 1)  # B hi: V_BR read
+            self._exponentiate(c, acc_s, l_own, r_pa, r_p, mu)
         warpgroup.wait_group(0)
         self._release(c, p, 0, 1)  # A hi: V_AR read
+        cute.arch.barrier_arrive(barrier_id=_BAR_PA_FREE, number_of_threads=_PAIR)
+        if cutlass.const_expr(has_b):  # (before the wait above: measured 0.6-0.9 % slower)
+            self._hand_over(c, r_p, 1, _BAR_PB)
+        self._rescale(acc_o, None, scale)
+        if cutlass.const_expr(has_b):
+            self._issue_values(c, acc_o, r_pa, True, p, 1, 1)  # O_R += P_B @ V_BR (registers)
+            warpgroup.wait_group(0)
+            self._release(c, p, 1, 1)  # B hi: V_BR read
         if cutlass.const_expr(has_next):  # the next tile B: hi half first, it was freed first
             self._issue_scores_half(c, acc_s, 1, p + 1, 1, True)
             self._issue_scores_half(c, acc_s, 1, p + 1, 0, False)
