@@ -91,18 +91,9 @@ def time_gpu(
     replays: int = 30,
     warmup: int = 2,
     use_graph: bool = True,
-    hide_launch: bool = True,
 ) -> Timing:
-    """Median time of one ``fn(inputs)`` call, cycling through ``input_sets``.
-
-    ``hide_launch`` (default) keeps the GPU busy while each sample is enqueued, so the host's
-    launch latency is not counted (see ``SPIN_CYCLES``).
-    """
-
-    def spin() -> None:
-        if hide_launch:
-            torch.cuda._sleep(SPIN_CYCLES)
-
+    """Median time of one ``fn(inputs)`` call, cycling through ``input_sets``; the host's
+    launch latency is kept out of every sample (``SPIN_CYCLES``)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -125,7 +116,7 @@ def time_gpu(
                     torch.cuda.Event(enable_timing=True),
                     torch.cuda.Event(enable_timing=True),
                 )
-                spin()
+                torch.cuda._sleep(SPIN_CYCLES)
                 start.record()
                 graph.replay()
                 end.record()
@@ -138,7 +129,7 @@ def time_gpu(
     samples = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        spin()
+        torch.cuda._sleep(SPIN_CYCLES)
         start.record()
         for inputs in input_sets:
             fn(inputs)
