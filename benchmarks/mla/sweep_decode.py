@@ -13,7 +13,9 @@ and skipped. Bytes and FLOPs as in ``tokenspeed.mla.bench``.
 ``--rounds N`` times every passing variant N times, in rounds that alternate the order, and
 reports the median of the rounds (with their spread): two readings of one configuration in a
 single pass differed by 7 % at 128 heads on the H200 (docs/mla.md), more than most differences
-between variants.
+between variants. Each variant after a shape's first is also reported as its ratio to the first,
+round by round (median and range: ``x0.987 (0.928-1.000)``); a change is only a change where that
+range stays on one side of 1.
 """
 
 from __future__ import annotations
@@ -203,6 +205,19 @@ def summarise_rounds(round_us: list[float]) -> dict[str, Any]:
     }
 
 
+def paired_ratios(round_us: list[float], base_us: list[float]) -> dict[str, Any]:
+    """A variant against the first one timed, round by round: each round times both back to
+    back, so the ratio of a round cancels whatever the machine did across rounds. Its median
+    and range say whether a few per cent is a difference or the noise (in one pass, two
+    readings of one kernel differed by 7 %)."""
+    ratios = [a / b for a, b in zip(round_us, base_us, strict=True)]
+    return {
+        "ratio_to_first": ratios,
+        "ratio_median": statistics.median(ratios),
+        "ratio_spread": [min(ratios), max(ratios)],
+    }
+
+
 def sweep_shape(
     heads: int, q_len: int, bounds: dict[str, float], replays: int, only: set[str] | None = None,
     fp8: str = "", rounds: int = 1,
@@ -248,8 +263,11 @@ def sweep_shape(
         for r in range(1, rounds):
             for row, run in timed[::-1] if r % 2 else timed:
                 readings[id(row)].append(time_gpu(run, [None], replays=replays).median_us)
-        for row, _ in timed:
+        base = readings[id(timed[0][0])]
+        for i, (row, _) in enumerate(timed):
             row.update(summarise_rounds(readings[id(row)]))
+            if i:
+                row.update(paired_ratios(readings[id(row)], base))
             row.update(_metrics(heads, q_len, row["round_median_us"], bounds, fp8))
             print(json.dumps({k: row[k] for k in ("heads", "q_len", "variant", "round_us")}),
                   flush=True)  # fmt: skip
@@ -300,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         lo, hi = r.get("round_spread_us", (None, None))
         spread = f"  rounds {lo:.1f}-{hi:.1f}" if lo is not None else ""
+        if "ratio_median" in r:  # against the shape's first variant, round by round
+            a, b = r["ratio_spread"]
+            spread += f"  x{r['ratio_median']:.3f} ({a:.3f}-{b:.3f})"
         print(f"{shape:<10} {r['variant']:<36} {r['median_us']:>8.1f} "
               f"{100 * r['frac_copy_bw']:>6.1f}% {r['tflops']:>8.1f} "
               f"{100 * r['frac_matmul']:>5.1f}%{spread}")  # fmt: skip

@@ -1,5 +1,6 @@
 """The MLA decode sweep's CPU side: readings over rounds are summarised by their median and
-spread, and the script refuses to run without a GPU."""
+spread and, round by round, against the first variant; the script refuses to run without a
+GPU."""
 
 from __future__ import annotations
 
@@ -22,6 +23,17 @@ def test_rounds_report_the_median_and_the_spread(sweep):
     assert got["round_median_us"] == pytest.approx(300.25)  # an outlier does not move it far
     assert got["round_spread_us"] == [297.9, 321.2]
     assert sweep.summarise_rounds([150.0])["round_median_us"] == 150.0
+
+
+def test_each_round_pairs_a_variant_with_the_first(sweep):
+    """Ratios are taken within a round (both timed back to back), not between the medians:
+    a round where the whole machine was slow moves neither variant's ratio."""
+    got = sweep.paired_ratios([110.0, 220.0, 99.0], [100.0, 200.0, 100.0])
+    assert got["ratio_to_first"] == pytest.approx([1.1, 1.1, 0.99])
+    assert got["ratio_median"] == pytest.approx(1.1)
+    assert got["ratio_spread"] == pytest.approx([0.99, 1.1])
+    with pytest.raises(ValueError):  # every variant is timed in every round
+        sweep.paired_ratios([1.0, 2.0], [1.0])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
