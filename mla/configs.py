@@ -304,6 +304,11 @@ def cute_decode_plan(
         # the pairs kernel skips rescaling a thread's O when its rows kept their max (faster
         # with 32-token tiles; not with 64)
         "lazy_rescale": int(cfg.get("lazy_rescale", tile == 32)) if layout == "pairs" else 0,
+        # the pairs kernel's rope blocks (only the scores read them) released once scored, so
+        # the next pair's load a pair ahead: 1.1-3.7 % faster with two or more row blocks per
+        # request (their second block's loads hit L2, and the time a tile holds its stage sets
+        # the pace), 0.1-1.5 % slower with one (DRAM sets it; H200, docs/mla.md)
+        "rope_early": int(cfg.get("rope_early", row_blocks > 1)) if layout == "pairs" else 0,
         "stages": stages,
         # KV tiles loaded with the L2 evict-first hint (cute_decode.KvRingProducer): 0.3-2.5 %
         # faster at 11 of 12 shapes over two H200 runs (docs/mla.md); 0 turns it off

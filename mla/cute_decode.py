@@ -774,7 +774,7 @@ def decode_kernel(spec: dict[str, Any]) -> Any:
 
         kernel = MlaDecodeSeesawPairsSm90(
             spec["page_block"], spec["split"], spec["write_lse"], spec["evict_first"],
-            spec["ablation"], spec["tile"], spec["lazy_rescale"],
+            spec["ablation"], spec["tile"], spec["lazy_rescale"], spec["rope_early"],
         )  # fmt: skip
     else:
         kernel = MlaDecodeSm90(
@@ -797,6 +797,7 @@ def _kernel_spec(
         "fp8_stages": plan["fp8_stages"], "converter_wgs": plan["converter_wgs"],
         "evict_first": bool(plan["evict_first"]), "page_prefetch": bool(plan["page_prefetch"]),
         "tile": plan["tile"], "lazy_rescale": bool(plan["lazy_rescale"]),
+        "rope_early": bool(plan["rope_early"]),
         "persistent": bool(plan["persistent"]),
     }  # fmt: skip
 

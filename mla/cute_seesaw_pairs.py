@@ -33,6 +33,13 @@ are free at the pair's end. The halves free up in the order A lo, A hi, B hi, B 
 warp reads the block table and issues the TMA copies (one 64-dim box at a time) in that order,
 and group 1 scores its next tile hi half first.
 
+**Rope blocks released once scored** (``rope_early``, the plan's choice from two 64-row blocks
+per request on). The rope dims (512-575) are read by the scores only, so a stage can be three
+parts instead of two: lo, hi without the rope block, and the rope block, released by the
+tile's scorer as soon as its scores are done. The next pair's rope blocks then load a pair
+ahead, and what a pair's end frees is 64 KiB instead of 72. It pays where a tile's hold time
+sets the pace (the second row block's loads hit L2), not where DRAM does (one block).
+
 **Tiles of 64 or 32 tokens.** With 64-token tiles a pair fills the ring's two 72 KiB stages,
 so the next pair's tile B goes out only at this pair's end and is needed soon after: the
 loads set the pace for one 64-row block per request. With 32-token tiles (``tile=32``) the same
@@ -77,8 +84,6 @@ D_QK = D_LATENT + D_ROPE
 HALF_V = D_LATENT // 2  # output dims per consumer warp group
 PIECE = 64  # dims per TMA box: one 128-byte swizzle atom
 LO_PIECES = HALF_V // PIECE  # the lo half: dims 0-255 (V_L)
-HI_PIECES = D_QK // PIECE - LO_PIECES  # the hi half: dims 256-575 (V_R and the rope dims)
-K_LO = HALF_V // 16  # k-blocks of the scores product over the lo half
 _NEG_INF = -math.inf
 
 # Named barriers (0 is __syncthreads), each always arrived by one group and waited on by the
@@ -89,12 +94,19 @@ _BAR_PA = 3  # group 0 wrote P_A to shared memory
 _BAR_PB = 4  # group 1 wrote P_B to shared memory
 _BAR_PA_FREE = 6  # group 1's product with P_A is done: the next P_A may be written
 # (barrier 5 is the shared epilogue's: cute_seesaw._BAR_CONSUMERS; _PAIR: the 256 consumer threads)
-# Ring halves: index 2 * stage + half (half 0: lo, 1: hi), each released by the four warps of
+# Ring parts: index parts * stage + part (0: lo, 1: hi), each released by the four warps of
 # the group whose product reads it last: A lo group 0 (V_AL), A hi group 1 (V_AR), B lo group 0
 # (V_BL), B hi group 1 (V_BR). They free up in the order A lo, A hi, B hi, B lo, which is the
-# producer's order too (one waiting half must not hold back the others).
+# producer's order too (one waiting part must not hold back the others).
 _RELEASERS = 4
-_LOAD_ORDER = ((0, 0), (0, 1), (1, 1), (1, 0))  # (stage, half)
+_LOAD_ORDER = ((0, 0), (0, 1), (1, 1), (1, 0))  # (stage, part)
+# ``rope_early``: a stage in three parts, the hi half without its rope block (part 1, "mid")
+# and the rope block alone (part 2), which only the scores read: each tile's scorer releases
+# it as soon as its scores are done, so the next pair's rope blocks load a pair ahead.
+_HALVES = ((0, LO_PIECES), (LO_PIECES, D_QK // PIECE))  # (first piece, end) of each part
+_THIRDS = ((0, LO_PIECES), (LO_PIECES, D_LATENT // PIECE), (D_LATENT // PIECE, D_QK // PIECE))
+_ROPE = 2  # the rope part's index
+_LOAD_ORDER_ROPE = ((0, _ROPE), (1, _ROPE), (0, 0), (0, 1), (1, 1), (1, 0))
 
 
 class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
@@ -110,6 +122,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     def __init__(
         self, page_block: int, split: bool, write_lse: bool, evict_first: bool = False,
         ablation: str = "", tile: int = TILE, lazy_rescale: bool = False,
+        rope_early: bool = False,
     ) -> None:  # fmt: skip
         if tile not in (32, 64):
             raise ValueError(f"tile={tile} must be 32 or 64 tokens")
@@ -124,6 +137,10 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         self.rows = ROWS
         self.tile = tile
         self.lazy_rescale = lazy_rescale
+        self.rope_early = rope_early
+        self.part_pieces = _THIRDS if rope_early else _HALVES
+        self.parts = len(self.part_pieces)  # barrier slots per stage
+        self.load_order = _LOAD_ORDER_ROPE if rope_early else _LOAD_ORDER
         self.ring_pairs = TILE // tile  # pairs the ring holds at once
         self.stages = 2 * self.ring_pairs  # tile A and tile B of each
         self.page_block = page_block
@@ -193,8 +210,8 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
 
         @cute.struct
         class SharedStorage:
-            full: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
-            empty: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            full: cute.struct.MemRange[cutlass.Int64, self.parts * self.stages]
+            empty: cute.struct.MemRange[cutlass.Int64, self.parts * self.stages]
             q_bar: cute.struct.MemRange[cutlass.Int64, 1]
             m0: cute.struct.MemRange[Float32, ROWS]  # group 0's running max after tile A
             scale0: cute.struct.MemRange[Float32, ROWS]
@@ -276,7 +293,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         q_bar = storage.q_bar.data_ptr()
         if warp == 0:
             with cute.arch.elect_one():
-                for i in cutlass.range_constexpr(2 * self.stages):
+                for i in cutlass.range_constexpr(self.parts * self.stages):
                     cute.arch.mbarrier_init(full + i, 1)
                     cute.arch.mbarrier_init(empty + i, _RELEASERS)
         self._init_query_barrier(warp, q_bar)  # fences the inits and syncs the CTA
@@ -328,18 +345,18 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
                     now[i] = ahead[i]
                 self._pair_boxes(ahead, m_bt, b, start + (2 * p + 2) * self.tile, end,
                                  page_size, n_boxes)  # fmt: skip
-            for which, half in _LOAD_ORDER:
+            for which, part in self.load_order:
                 tile = 2 * p + which
                 if tile < n_tiles:
                     stage = self._stage(p, which)
-                    slot = 2 * stage + half
+                    slot = self.parts * stage + part
                     if p >= self.ring_pairs:  # released by the pair that held these stages
                         cute.arch.mbarrier_wait(empty + slot, self._phase(p - self.ring_pairs))
                     if cutlass.const_expr(not self.page_prefetch):
                         self._tile_boxes(now, which * cpt, m_bt, b, start + tile * self.tile,
                                          end, page_size, n_boxes)  # fmt: skip
-                    first = half * LO_PIECES
-                    pieces = LO_PIECES if half == 0 else HI_PIECES
+                    first, last = self.part_pieces[part]
+                    pieces = last - first
                     with cute.arch.elect_one():
                         cute.arch.mbarrier_arrive_and_expect_tx(
                             full + slot, self.tile * pieces * PIECE * 2
@@ -443,13 +460,9 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         # the first pair's scores: group 0 tile 0, group 1 tile 1
         # (each wait inside its branch: no wgmma may be in flight where branches join)
         if wg == 0 and n_tiles > 0:
-            self._issue_scores_half(c, acc_s, 0, 0, 0, True)
-            self._issue_scores_half(c, acc_s, 0, 0, 1, False)
-            warpgroup.wait_group(0)
+            self._score_tile(c, acc_s, 0, 0)
         if wg == 1 and n_tiles > 1:
-            self._issue_scores_half(c, acc_s, 1, 0, 1, True)
-            self._issue_scores_half(c, acc_s, 1, 0, 0, False)
-            warpgroup.wait_group(0)
+            self._score_tile(c, acc_s, 1, 0)
         # Whether tile B and the next pair's tile exist picks one of three compiled bodies, so
         # no wgmma sits in a branch within a body: where branches join, ptxas would have to
         # merge registers a wgmma may still be writing, and it then serialises every wgmma of
@@ -523,14 +536,19 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             cute.arch.barrier(barrier_id=_BAR_PB, number_of_threads=_PAIR)
             self._issue_values(c, acc_o, r_pa, False, p, 1, 0)  # O_L += P_B @ V_BL
             if cutlass.const_expr(has_next):  # the next A's lo half: released early this pair
-                self._issue_scores_half(c, acc_s, 0, p + 1, 0, True)
+                self._issue_scores_part(c, acc_s, 0, p + 1, 0, True)
                 warpgroup.wait_group(1)
             else:
                 warpgroup.wait_group(0)
             self._release(c, p, 1, 0)  # B lo: V_BL read
             if cutlass.const_expr(has_next):
-                self._issue_scores_half(c, acc_s, 0, p + 1, 1, False)
-                warpgroup.wait_group(0)
+                self._issue_scores_part(c, acc_s, 0, p + 1, 1, False)
+                if cutlass.const_expr(self.rope_early):
+                    self._issue_scores_part(c, acc_s, 0, p + 1, _ROPE, False)
+                    warpgroup.wait_group(0)
+                    self._release(c, p + 1, 0, _ROPE)  # the next A's rope block: scored
+                else:
+                    warpgroup.wait_group(0)
 
     @cute.jit
     def _pair_group1(self, c, acc_s, acc_o, m_run, l_own, r_pa, r_p, p,
@@ -546,15 +564,15 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         s_m0, s_scale0, s_m1, s_scale1 = self._exchange(c)
         mu = cute.make_rmem_tensor((2,), Float32)
         scale = cute.make_rmem_tensor((2,), Float32)
-        both = cute.make_rmem_tensor((2,), Float32)
+        scale0 = cute.make_rmem_tensor((2,), Float32)
         for h in cutlass.range_constexpr(2):
             m0 = s_m0[my_rows[h]]
+            scale0[h] = s_scale0[my_rows[h]]
             x = cute.arch.fmax(tile_max[h], m0)
             mu[h] = x
             if x == _NEG_INF:
                 mu[h] = Float32(0.0)
             scale[h] = Float32(cute.math.exp2(m0 - mu[h], fastmath=True))
-            both[h] = s_scale0[my_rows[h]] * scale[h]
             m_run[h] = x
         if c.lane % 4 == 0:
             for h in cutlass.range_constexpr(2):
@@ -562,12 +580,9 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
                 s_scale1[my_rows[h]] = scale[h]
         cute.arch.barrier_arrive(barrier_id=_BAR_SCALE1, number_of_threads=_PAIR)
         for h in cutlass.range_constexpr(2):  # the sums so far, before P_B's are added
-            l_own[h] = l_own[h] * both[h]
+            l_own[h] = l_own[h] * (scale0[h] * scale[h])
         # O_R to m0, O_R += P_A @ V_AR under this group's softmax of tile B (so tile A's hi
         # half frees mid-pair), then O_R to m1 and O_R += P_B @ V_BR
-        scale0 = cute.make_rmem_tensor((2,), Float32)
-        for h in cutlass.range_constexpr(2):
-            scale0[h] = s_scale0[my_rows[h]]
         self._rescale(acc_o, None, scale0)
         cute.arch.barrier(barrier_id=_BAR_PA, number_of_threads=_PAIR)
         self._issue_values(c, acc_o, r_pa, False, p, 0, 1)  # O_R += P_A @ V_AR
@@ -584,25 +599,38 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             warpgroup.wait_group(0)
             self._release(c, p, 1, 1)  # B hi: V_BR read
         if cutlass.const_expr(has_next):  # the next tile B: hi half first, it was freed first
-            self._issue_scores_half(c, acc_s, 1, p + 1, 1, True)
-            self._issue_scores_half(c, acc_s, 1, p + 1, 0, False)
-            warpgroup.wait_group(0)
+            self._score_tile(c, acc_s, 1, p + 1)
 
     # -- pieces of a pair ----------------------------------------------------------------------
 
     @cute.jit
-    def _issue_scores_half(self, c, acc_s, which: cutlass.Constexpr, pair,
-                           half: cutlass.Constexpr, first: cutlass.Constexpr):  # fmt: skip
-        """Wait for one half of pair ``pair``'s tile A (``which`` 0) or B and add its dims to
-        ``S`` (committed, not waited). The ``first`` half issued starts ``S`` (overwrites it);
+    def _score_tile(self, c, acc_s, which: cutlass.Constexpr, pair):
+        """``S`` of pair ``pair``'s tile A (``which`` 0, lo half first) or B (hi half first),
+        waited for: each group takes its tile's halves in the order the producer loads them.
+        ``rope_early``: the rope block last (it landed a pair ahead), then released."""
+        self._issue_scores_part(c, acc_s, which, pair, which, True)
+        self._issue_scores_part(c, acc_s, which, pair, 1 - which, False)
+        if cutlass.const_expr(self.rope_early):
+            self._issue_scores_part(c, acc_s, which, pair, _ROPE, False)
+            warpgroup.wait_group(0)
+            self._release(c, pair, which, _ROPE)
+        else:
+            warpgroup.wait_group(0)
+
+    @cute.jit
+    def _issue_scores_part(self, c, acc_s, which: cutlass.Constexpr, pair,
+                           part: cutlass.Constexpr, first: cutlass.Constexpr):  # fmt: skip
+        """Wait for one part of pair ``pair``'s tile A (``which`` 0) or B and add its dims to
+        ``S`` (committed, not waited). The ``first`` part issued starts ``S`` (overwrites it);
         the rope dims' k-blocks take the query from registers."""
         stage = self._stage(pair, which)
-        cute.arch.mbarrier_wait(c.full + 2 * stage + half, self._phase(pair))
+        cute.arch.mbarrier_wait(c.full + self.parts * stage + part, self._phase(pair))
         warpgroup.fence()
         n_k = cute.size(c.r_sa, mode=[2])
         k_rope = n_k - cute.size(c.r_q8, mode=[2])
-        k0 = 0 if half == 0 else K_LO
-        k1 = K_LO if half == 0 else n_k
+        k_per_piece = PIECE // 16
+        k0 = self.part_pieces[part][0] * k_per_piece
+        k1 = self.part_pieces[part][1] * k_per_piece
         for k in cutlass.range_constexpr(k0, k1):
             if cutlass.const_expr(k >= k_rope):
                 cute.gemm(c.mma_s_rs, acc_s, c.r_q8[None, None, k - k_rope],
@@ -632,11 +660,11 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         warpgroup.commit_group()
 
     @cute.jit
-    def _release(self, c, pair, which: cutlass.Constexpr, half: cutlass.Constexpr):
-        """This warp is done with a half of pair ``pair``'s tile A or B (its products reading
+    def _release(self, c, pair, which: cutlass.Constexpr, part: cutlass.Constexpr):
+        """This warp is done with a part of pair ``pair``'s tile A or B (its products reading
         it have completed)."""
         with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive(c.empty + 2 * self._stage(pair, which) + half)
+            cute.arch.mbarrier_arrive(c.empty + self.parts * self._stage(pair, which) + part)
 
     @cute.jit
     def _exchange(self, c):

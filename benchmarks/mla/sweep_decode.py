@@ -125,13 +125,15 @@ def variants(
             configs.append(("cute heads", {"layout": "heads"}))  # the one-tile seesaw
             configs.append(("cute pairs", {"layout": "pairs"}))  # the default, named
             # the pairs kernel's tiles: 64 tokens (a ring of one pair) or 32 (a ring of two),
-            # O rescaled by every thread or only where a row's max moved ("lazy")
-            pairs = {"layout": "pairs"}
+            # O rescaled by every thread or only where a row's max moved ("lazy"); the stage
+            # in halves, or with the rope blocks released once scored ("rope")
+            pairs = {"layout": "pairs", "rope_early": 0}
             configs += [
                 ("cute pairs t64", {**pairs, "tile": 64, "lazy_rescale": 0}),
                 ("cute pairs t64 lazy", {**pairs, "tile": 64, "lazy_rescale": 1}),
                 ("cute pairs t32", {**pairs, "tile": 32, "lazy_rescale": 0}),
                 ("cute pairs t32 lazy", {**pairs, "tile": 32, "lazy_rescale": 1}),
+                ("cute pairs t64 rope", {**pairs, "tile": 64, "lazy_rescale": 0, "rope_early": 1}),
             ]
         configs += [("cute plain loads", {"evict_first": 0})]  # no L2 evict-first hint
         # block-table entries read when a stage frees, not a tile ahead (the code until
@@ -146,8 +148,10 @@ def variants(
             for a in ("no_values", "no_scores", "no_mma", "l2_loads")
         ]
         if rows > 32:
-            for name, tiles in (("t64", (64, 0)), ("t32", (32, 0)), ("t32 lazy", (32, 1))):
-                cfg = {"layout": "pairs", "tile": tiles[0], "lazy_rescale": tiles[1]}
+            for name, tiles in (("t64", (64, 0, 0)), ("t32", (32, 0, 0)),
+                                ("t32 lazy", (32, 1, 0)), ("t64 rope", (64, 0, 1))):  # fmt: skip
+                cfg = {"layout": "pairs", "tile": tiles[0], "lazy_rescale": tiles[1],
+                       "rope_early": tiles[2]}  # fmt: skip
                 configs.append((f"cute pairs {name} ablation l2_loads",
                                 {**cfg, "ablation": "l2_loads"}))  # fmt: skip
         for name, cfg in configs:

@@ -74,9 +74,11 @@ LAYOUTS = {
     "tokens plain": {"layout": "tokens", "evict_first": 0},
     "heads plain": {"layout": "heads", "evict_first": 0},
     "pairs plain": {"layout": "pairs", "evict_first": 0},
-    "pairs t64": {"layout": "pairs", "tile": 64, "lazy_rescale": 0},
-    "pairs t32": {"layout": "pairs", "tile": 32, "lazy_rescale": 1},
-    "pairs t32 eager": {"layout": "pairs", "tile": 32, "lazy_rescale": 0},
+    "pairs t64": {"layout": "pairs", "tile": 64, "lazy_rescale": 0, "rope_early": 0},
+    "pairs t32": {"layout": "pairs", "tile": 32, "lazy_rescale": 1, "rope_early": 0},
+    "pairs t32 eager": {"layout": "pairs", "tile": 32, "lazy_rescale": 0, "rope_early": 0},
+    "pairs t64 rope": {"layout": "pairs", "tile": 64, "lazy_rescale": 0, "rope_early": 1},
+    "pairs t32 rope": {"layout": "pairs", "tile": 32, "lazy_rescale": 1, "rope_early": 1},
 }
 
 

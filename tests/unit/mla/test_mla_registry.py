@@ -163,6 +163,14 @@ def test_cute_pairs_plan_tile():
     assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (64, 0, 16)
     plan = configs.cute_decode_plan(128, 1, 128, 4096, 64)
     assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (64, 0, 64)
+    # the rope blocks released early with two row blocks per request, not with one
+    assert plan["rope_early"] == 1
+    assert configs.cute_decode_plan(128, 1, 64, 4096, 64)["rope_early"] == 0
+    assert configs.cute_decode_plan(128, 2, 64, 4096, 64)["rope_early"] == 1
+    assert configs.cute_decode_plan(128, 1, 128, 4096, 64, config={"rope_early": 0})[
+        "rope_early"] == 0  # fmt: skip
+    assert configs.cute_decode_plan(128, 1, 128, 4096, 64, config={"layout": "heads"})[
+        "rope_early"] == 0  # fmt: skip
     plan = configs.cute_decode_plan(128, 1, 64, 4096, 64, config={"tile": 32})
     assert (plan["tile"], plan["lazy_rescale"], plan["page_block"]) == (32, 1, 32)
     plan = configs.cute_decode_plan(128, 2, 32, 4096, 16, config={"tile": 32})
@@ -274,7 +282,8 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     pairs64 = build(configs.cute_decode_plan(128, 1, 128, 4096, 16), split=True)
     assert (pairs64.tile, pairs64.lazy_rescale, pairs64.stages, pairs64.copies_per_tile) == (
         64, False, 2, 4)  # fmt: skip
-    assert pairs64.split and pairs64.page_prefetch
+    assert pairs64.split and pairs64.page_prefetch and pairs64.rope_early
+    assert pairs64.parts == 3 and not pairs32.rope_early and pairs32.parts == 2
     tokens = build(configs.cute_decode_plan(128, 1, 16, 4096, 64, config={"page_prefetch": 0}))
     assert isinstance(tokens, cute_decode.MlaDecodeSm90) and not tokens.page_prefetch
     heads = build(configs.cute_decode_plan(128, 1, 64, 4096, 64, config={"layout": "heads"}))
