@@ -19,7 +19,10 @@ import torch
 
 T = TypeVar("T")
 
-__all__ = ["Timing", "device_roofline", "l2_bytes", "profile_call", "rotating", "time_gpu"]
+__all__ = [
+    "Timing", "device_roofline", "interleave_order", "l2_bytes", "profile_call", "rotating",
+    "time_gpu", "time_gpu_interleaved",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,71 @@ def time_gpu(
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / calls)
     return _stats(samples, "cuda-events")
+
+
+def interleave_order(replay: int, n: int) -> list[int]:
+    """The order of ``n`` calls in replay ``replay``: the rows of a Williams design (the
+    sequence 0, 1, n-1, 2, n-2, ... shifted by the replay, and reversed every other ``n``
+    replays), so over ``2 n`` replays every call runs twice in every position and right
+    after every other call twice: a clock ramp or a neighbour's cache footprint lands on no
+    variant more than on another."""
+    if n < 1:
+        raise ValueError(f"n={n}: nothing to order")
+    base = [0]
+    for k in range(1, n):
+        base.append((k + 1) // 2 if k % 2 else n - k // 2)
+    row = [(b + replay) % n for b in base]
+    return row[::-1] if (replay // n) % 2 else row
+
+
+def time_gpu_interleaved(
+    fns: Sequence[Callable[[], Any]], *, replays: int = 100, warmup: int = 2
+) -> list[list[float]]:
+    """Per-call samples (microseconds) of several calls timed in turn: each replay runs every
+    call once, back to back, in ``interleave_order``. Sample ``r`` of each call is then taken
+    within a millisecond of the others' (a few calls of ~0.2 ms), under the same clocks and
+    temperature, so the ratio of two calls' samples replay by replay cancels what
+    separately timed rounds do not: the H200 has read one kernel 3-7 % apart in two
+    back-to-back timings. The GPU stays busy from the settle to the last sample (one host
+    wait per replay). Each call is captured as a CUDA graph (eager if it cannot be)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for fn in fns:
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    runs: list[Callable[[], Any]] = []
+    graphs: list[torch.cuda.CUDAGraph] = []  # kept alive until the samples are taken
+    for fn in fns:
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            graphs.append(graph)
+            runs.append(graph.replay)
+        except Exception:  # not capturable: time it eagerly
+            torch.cuda.synchronize()
+            runs.append(fn)
+    for _ in range(max(1, int(SETTLE_S / 1e-3))):  # about SETTLE_S of all calls in turn
+        for run in runs:
+            run()
+    samples: list[list[float]] = [[] for _ in runs]
+    for r in range(replays):
+        events = []
+        for i in interleave_order(r, len(runs)):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(SPIN_CYCLES)
+            start.record()
+            runs[i]()
+            end.record()
+            events.append((i, start, end))
+        events[-1][2].synchronize()
+        for i, start, end in events:
+            samples[i].append(start.elapsed_time(end) * 1e3)
+    del graphs
+    return samples
 
 
 def device_roofline(device: torch.device | None = None) -> dict[str, float]:

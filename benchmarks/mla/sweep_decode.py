@@ -16,6 +16,13 @@ single pass differed by 7 % at 128 heads on the H200 (docs/mla.md), more than mo
 between variants. Each variant after a shape's first is also reported as its ratio to the first,
 round by round (median and range: ``x0.987 (0.928-1.000)``); a change is only a change where that
 range stays on one side of 1.
+
+``--interleave N`` times the passing variants together instead: N replays, each running every
+variant once back to back (``kernels.timing.time_gpu_interleaved``), so sample ``r`` of every
+variant is taken under the same clocks and temperature; the median sample and the ratio to the
+first variant replay by replay are reported with their interquartile range (``x0.987 (iqr
+0.981-0.993)``). Rounds are timed a few milliseconds apart each and drift between them
+(identical kernels read 3.6 % apart, round 1 faster than the rest in every shape).
 """
 
 from __future__ import annotations
@@ -209,25 +216,44 @@ def summarise_rounds(round_us: list[float]) -> dict[str, Any]:
     }
 
 
+def _quartiles(values: list[float]) -> list[float]:
+    """The 25th and 75th percentiles (both the value itself when there is one)."""
+    if len(values) < 2:
+        return [values[0], values[0]]
+    q = statistics.quantiles(values, n=4)
+    return [q[0], q[2]]
+
+
 def paired_ratios(round_us: list[float], base_us: list[float]) -> dict[str, Any]:
     """A variant against the first one timed, round by round: each round times both back to
     back, so the ratio of a round cancels whatever the machine did across rounds. Its median
-    and range say whether a few per cent is a difference or the noise (in one pass, two
-    readings of one kernel differed by 7 %)."""
+    and range (and interquartile range, for many readings) say whether a few per cent is a
+    difference or the noise (in one pass, two readings of one kernel differed by 7 %)."""
     ratios = [a / b for a, b in zip(round_us, base_us, strict=True)]
     return {
         "ratio_to_first": ratios,
         "ratio_median": statistics.median(ratios),
         "ratio_spread": [min(ratios), max(ratios)],
+        "ratio_iqr": _quartiles(ratios),
+    }
+
+
+def summarise_samples(sample_us: list[float]) -> dict[str, Any]:
+    """One variant's interleaved samples: their median and interquartile range."""
+    return {
+        "sample_us": list(sample_us),
+        "sample_median_us": statistics.median(sample_us),
+        "sample_iqr_us": _quartiles(sample_us),
     }
 
 
 def sweep_shape(
     heads: int, q_len: int, bounds: dict[str, float], replays: int, only: set[str] | None = None,
-    fp8: str = "", rounds: int = 1,
+    fp8: str = "", rounds: int = 1, interleave: int = 0,
 ) -> list[dict]:  # fmt: skip
-    """Check and time every variant at one shape (``rounds`` times each, see the module)."""
-    from tokenspeed.kernels.timing import time_gpu
+    """Check and time every variant at one shape (``rounds`` times each, or ``interleave``
+    replays of all in turn; see the module)."""
+    from tokenspeed.kernels.timing import time_gpu, time_gpu_interleaved
 
     inp = _inputs(heads, q_len, fp8=fp8)
     args = (inp["q"], inp["cache"], inp["scale"], inp["tables"], inp["seq"])
@@ -262,7 +288,16 @@ def sweep_shape(
             row["traceback"] = traceback.format_exc()[-2000:]
         print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
         rows.append(row)
-    if rounds > 1 and timed:
+    if interleave and timed:
+        samples = time_gpu_interleaved(
+            [lambda run=run: run(None) for _, run in timed], replays=interleave
+        )
+        for i, (row, _) in enumerate(timed):
+            row.update(summarise_samples(samples[i]))
+            if i:
+                row.update(paired_ratios(samples[i], samples[0]))
+            row.update(_metrics(heads, q_len, row["sample_median_us"], bounds, fp8))
+    elif rounds > 1 and timed:
         readings = {id(row): [row["median_us"]] for row, _ in timed}
         for r in range(1, rounds):
             for row, run in timed[::-1] if r % 2 else timed:
@@ -289,6 +324,12 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=1, help="time each variant this many times, interleaved"
     )
     parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        help="time the variants together: this many replays of all in turn (see the module)",
+    )
+    parser.add_argument(
         "--fp8",
         choices=("tensor", "token"),
         default="",
@@ -312,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         for heads in (int(x) for x in args.heads.split(",")):
             only = set(args.variants.split(",")) if args.variants else None
             results += sweep_shape(heads, q_len, bounds, args.replays, only, args.fp8,
-                                   max(1, args.rounds))  # fmt: skip
+                                   max(1, args.rounds), max(0, args.interleave))  # fmt: skip
             torch.cuda.empty_cache()
     print(f"\n{'shape':<10} {'variant':<36} {'us':>8} {'% copy':>7} {'TFLOP/s':>8} {'% mm':>6}")
     for r in results:
@@ -320,11 +361,19 @@ def main(argv: list[str] | None = None) -> int:
         if "median_us" not in r:
             print(f"{shape:<10} {r['variant']:<36} {r.get('error', '')[:60]}")
             continue
-        lo, hi = r.get("round_spread_us", (None, None))
-        spread = f"  rounds {lo:.1f}-{hi:.1f}" if lo is not None else ""
-        if "ratio_median" in r:  # against the shape's first variant, round by round
-            a, b = r["ratio_spread"]
-            spread += f"  x{r['ratio_median']:.3f} ({a:.3f}-{b:.3f})"
+        spread = ""
+        if "sample_iqr_us" in r:  # interleaved: quartiles of the samples and of the ratios
+            lo, hi = r["sample_iqr_us"]
+            spread = f"  samples {lo:.1f}-{hi:.1f}"
+            if "ratio_median" in r:
+                a, b = r["ratio_iqr"]
+                spread += f"  x{r['ratio_median']:.3f} (iqr {a:.3f}-{b:.3f})"
+        elif "round_spread_us" in r:
+            lo, hi = r["round_spread_us"]
+            spread = f"  rounds {lo:.1f}-{hi:.1f}"
+            if "ratio_median" in r:  # against the shape's first variant, round by round
+                a, b = r["ratio_spread"]
+                spread += f"  x{r['ratio_median']:.3f} ({a:.3f}-{b:.3f})"
         print(f"{shape:<10} {r['variant']:<36} {r['median_us']:>8.1f} "
               f"{100 * r['frac_copy_bw']:>6.1f}% {r['tflops']:>8.1f} "
               f"{100 * r['frac_matmul']:>5.1f}%{spread}")  # fmt: skip

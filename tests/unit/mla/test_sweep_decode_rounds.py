@@ -40,3 +40,22 @@ def test_each_round_pairs_a_variant_with_the_first(sweep):
 def test_without_a_gpu_it_says_so(sweep, capsys):
     assert sweep.main(["--heads", "64", "--rounds", "3"]) == 2
     assert "CUDA" in capsys.readouterr().err
+
+
+def test_interleaved_samples_report_the_median_and_the_quartiles(sweep):
+    got = sweep.summarise_samples([10.0, 11.0, 12.0, 13.0, 50.0])
+    assert got["sample_median_us"] == 12.0
+    lo, hi = got["sample_iqr_us"]
+    assert 10.0 <= lo <= 11.0 and 13.0 <= hi < 50.0  # the outlier stays outside
+    assert sweep.summarise_samples([7.0])["sample_iqr_us"] == [7.0, 7.0]
+
+
+def test_ratios_carry_their_quartiles(sweep):
+    """Many interleaved samples: the interquartile range, not the extremes, says whether a
+    difference of a few per cent is one."""
+    base = [100.0] * 8
+    got = sweep.paired_ratios([98.0, 98.0, 99.0, 99.0, 99.0, 99.0, 100.0, 130.0], base)
+    assert got["ratio_median"] == pytest.approx(0.99)
+    lo, hi = got["ratio_iqr"]
+    assert 0.98 <= lo <= 0.99 <= hi <= 1.0
+    assert got["ratio_spread"] == pytest.approx([0.98, 1.3])
