@@ -199,6 +199,8 @@ def main() -> None:
         ("rows-on-M seesaw, page 64", MlaDecodeSeesawSm90(64, False, True), 64, 64, 0),
         ("rows-on-M seesaw, page 16, split", MlaDecodeSeesawSm90(16, True, False), 64, 16, 1),
         ("rows-on-M pairs, page 64", MlaDecodeSeesawPairsSm90(64, False, True, True), 64, 64, 0),
+        ("rows-on-M pairs, rope blocks early", MlaDecodeSeesawPairsSm90(64, False, True, True,
+         rope_early=True), 128, 64, 0),
         ("rows-on-M pairs, 32-token tiles, page 64",
          MlaDecodeSeesawPairsSm90(32, False, True, True, tile=32, lazy_rescale=True), 64, 64, 0),
     ]  # fmt: skip
