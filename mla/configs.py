@@ -305,9 +305,10 @@ def cute_decode_plan(
         # with 32-token tiles; not with 64)
         "lazy_rescale": int(cfg.get("lazy_rescale", tile == 32)) if layout == "pairs" else 0,
         # the pairs kernel's rope blocks (only the scores read them) released once scored, so
-        # the next pair's load a pair ahead: 1.1-3.7 % faster with two or more row blocks per
-        # request (their second block's loads hit L2, and the time a tile holds its stage sets
-        # the pace), 0.1-1.5 % slower with one (DRAM sets it; H200, docs/mla.md)
+        # the next pair's load a pair ahead: with two or more row blocks per request (their
+        # second block's loads hit L2, and the time a tile holds its stage sets the pace) 1.3 %
+        # faster (median of five paired readings on two H200s, four faster, one 0.8 % slower),
+        # with one 0.1-1.5 % slower (DRAM sets the pace; docs/mla.md)
         "rope_early": int(cfg.get("rope_early", row_blocks > 1)) if layout == "pairs" else 0,
         # benchmark variant of the pairs kernel: each tile loaded whole once all its parts are
         # released (not yet measured; docs/mla.md)
