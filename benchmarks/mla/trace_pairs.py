@@ -192,6 +192,10 @@ def trace_pairs(heads: int, config: dict[str, Any] | None, ctas: int) -> dict[st
                                    max_seq_len=KV_LEN, config=config)  # fmt: skip
             torch.cuda.synchronize()
         trace = _TRACE.cpu()
+        if not bool((trace > 0).any()):
+            raise SystemExit(
+                f"{heads} heads: no stamps written (is the plan's kernel the pairs one?)"
+            )
         t0 = int(trace[trace > 0].min())
         return {
             "heads": heads,
