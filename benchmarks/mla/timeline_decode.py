@@ -17,8 +17,10 @@ the H200 here).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +31,50 @@ START, EPI0_IN, EPI0_OUT, EPI1_IN, EPI1_OUT, SM, LAST_LOAD = range(7)
 _CLOCK: torch.Tensor | None = None  # the stamp buffer, [CTAs, SLOTS] int64
 
 
-def _timed_class(base: type) -> type:
-    """``base`` with its consumer, epilogue and producer methods wrapped in stamps."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass import Int32, Int64
+def globaltimer_op() -> Callable[[], Any]:
+    """A device op that reads ``%globaltimer`` (ns) as an Int64, for stamping kernels (made on
+    first use: importing this module needs no CuTe DSL)."""
+    from cutlass import Int64
     from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T, dsl_user_op
-
-    from tokenspeed.kernels.cute_ops.common import ptx_i32
-
-    assert _CLOCK is not None
-    address, ctas = _CLOCK.data_ptr(), _CLOCK.shape[0]
 
     @dsl_user_op
     def now(*, loc: Any = None, ip: Any = None) -> Any:
         return Int64(llvm.inline_asm(T.i64(), [], "mov.u64 $0, %globaltimer;", "=l",
                                      has_side_effects=True, is_align_stack=False,
                                      asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))  # fmt: skip
+
+    return now
+
+
+@contextlib.contextmanager
+def decode_kernels_as(wrap: Callable[[Any, dict[str, Any]], Any]) -> Iterator[None]:
+    """Inside the block, every CuTe decode is compiled from ``wrap(kernel, spec)`` (e.g. the
+    kernel with its class swapped for a stamped subclass), not from the shipped kernel; the
+    compile cache is emptied on the way in and out, so neither build leaks into the other."""
+    from tokenspeed.mla import cute_decode
+
+    build = cute_decode.decode_kernel
+    cute_decode.decode_kernel = lambda spec: wrap(build(spec), spec)
+    cute_decode._COMPILED.clear()
+    try:
+        yield
+    finally:
+        cute_decode.decode_kernel = build
+        cute_decode._COMPILED.clear()
+
+
+def _timed_class(base: type) -> type:
+    """``base`` with its consumer, epilogue and producer methods wrapped in stamps."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32, Int64
+
+    from tokenspeed.kernels.cute_ops.common import ptx_i32
+
+    assert _CLOCK is not None
+    address, ctas = _CLOCK.data_ptr(), _CLOCK.shape[0]
+    now = globaltimer_op()
 
     @cute.jit
     def stamp(when: Any, slot: cutlass.Constexpr, value: Any) -> None:
@@ -140,18 +168,14 @@ def timeline(heads: int, config: dict[str, Any] | None, fp8: str, reps: int) -> 
 
     if _CLOCK is None:
         _CLOCK = torch.zeros(8 * BATCH, SLOTS, dtype=torch.int64, device="cuda")
-    build = cute_decode.decode_kernel
 
-    def timed_kernel(spec: dict[str, Any]) -> Any:
-        kernel = build(spec)
+    def timed(kernel: Any, spec: dict[str, Any]) -> Any:
         if spec["persistent"]:
             raise SystemExit("the persistent grid's CTAs serve several requests: not timed here")
         kernel.__class__ = _timed_class(type(kernel))
         return kernel
 
-    cute_decode.decode_kernel = timed_kernel
-    cute_decode._COMPILED.clear()
-    try:
+    with decode_kernels_as(timed):
         x = _inputs(heads, 1, fp8=fp8)
         out = torch.empty(BATCH, 1, heads, 512, dtype=torch.bfloat16, device="cuda")
 
@@ -168,9 +192,6 @@ def timeline(heads: int, config: dict[str, Any] | None, fp8: str, reps: int) -> 
             rows.append({"heads": heads, "config": config, "fp8": fp8, **summarise(_CLOCK.cpu())})
             print(json.dumps(rows[-1]))
         return rows
-    finally:
-        cute_decode.decode_kernel = build
-        cute_decode._COMPILED.clear()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,16 +55,12 @@ def traced_class(base: type, address: int, ctas: int) -> type:
     import cutlass
     import cutlass.cute as cute
     from cutlass import Int32, Int64
-    from cutlass._mlir.dialects import llvm
-    from cutlass.cutlass_dsl import T, dsl_user_op
+    from cutlass.cutlass_dsl import dsl_user_op
+    from timeline_decode import globaltimer_op
 
     from tokenspeed.kernels.cute_ops.common import ptx_i32
 
-    @dsl_user_op
-    def now(*, loc: Any = None, ip: Any = None) -> Any:
-        return Int64(llvm.inline_asm(T.i64(), [], "mov.u64 $0, %globaltimer;", "=l",
-                                     has_side_effects=True, is_align_stack=False,
-                                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))  # fmt: skip
+    now = globaltimer_op()
 
     @dsl_user_op
     def store_if(at: Any, value: Any, pred: Any, *, loc: Any = None, ip: Any = None) -> None:
@@ -168,22 +164,19 @@ def trace_pairs(heads: int, config: dict[str, Any] | None, ctas: int) -> dict[st
     """One traced launch of the pairs decode at ``heads`` heads, summarised, with the stamps."""
     global _TRACE
     from sweep_decode import BATCH, KV_LEN, SCALE, _inputs
+    from timeline_decode import decode_kernels_as
 
     from tokenspeed.mla import cute_decode
 
     _TRACE = torch.zeros(ctas, 2, MAX_PAIRS, EVENTS, dtype=torch.int64, device="cuda")
-    build = cute_decode.decode_kernel
 
-    def traced_kernel(spec: dict[str, Any]) -> Any:
-        kernel = build(spec)
+    def traced(kernel: Any, spec: dict[str, Any]) -> Any:
         if spec["layout"] != "pairs" or spec["persistent"] or spec["fp8"]:
             raise SystemExit("traces the pairs kernel only (64+ rows per request, bf16)")
         kernel.__class__ = traced_class(type(kernel), _TRACE.data_ptr(), ctas)
         return kernel
 
-    cute_decode.decode_kernel = traced_kernel
-    cute_decode._COMPILED.clear()
-    try:
+    with decode_kernels_as(traced):
         x = _inputs(heads, 1)
         out = torch.empty(BATCH, 1, heads, 512, dtype=torch.bfloat16, device="cuda")
         for _ in range(2):  # compile, then the traced launch on a warm machine
@@ -204,9 +197,6 @@ def trace_pairs(heads: int, config: dict[str, Any] | None, ctas: int) -> dict[st
             "stamps_ns_from_first": torch.where(trace > 0, trace - t0, 0).tolist(),
             "events": {str(k): v for k, v in NAMES.items()},
         }
-    finally:
-        cute_decode.decode_kernel = build
-        cute_decode._COMPILED.clear()
 
 
 def main(argv: list[str] | None = None) -> int:
