@@ -2,7 +2,7 @@
 
     python3 benchmarks/mla/sweep_decode.py --out FILE [--heads 16,32,64,128] [--q-lens 1,2]
 
-Batch 128, KV length 4096, page 64, bf16 query and cache. For every shape it times the
+Batch 128 (``--batch``), KV length 4096, page 64, bf16 query and cache. For every shape it times the
 registry's choice, the Triton kernel's default launch, and CuTe DSL SM90 variants (split
 count, pipelining) when ``nvidia-cutlass-dsl`` is
 installed, checks each against the first variant's output once (bf16 tolerance), and reports
@@ -329,6 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--heads", default="16,32,64,128")
     parser.add_argument("--q-lens", default="1")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=BATCH,
+        help="requests of KV_LEN tokens (132 = one CTA per H200 SM at 64 heads: what the grid's "
+        "four idle SMs cost)",
+    )
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument(
         "--rounds", type=int, default=1, help="time each variant this many times, interleaved"
@@ -349,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         "--variants", default=None, help="comma-separated variant names to time (default: all)"
     )
     args = parser.parse_args(argv)
+    global BATCH
+    BATCH = args.batch
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
@@ -389,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * r['frac_matmul']:>5.1f}%{spread}")  # fmt: skip
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"bounds": bounds, "results": results}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps({"bounds": bounds, "batch": BATCH, "results": results}, indent=2) + "\n"
+        )
     return 0
 
 
