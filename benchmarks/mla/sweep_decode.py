@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch",
         type=int,
-        default=BATCH,
+        default=128,
         help="requests of KV_LEN tokens (132 = one CTA per H200 SM at 64 heads: what the grid's "
         "four idle SMs cost)",
     )
