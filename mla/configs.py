@@ -310,9 +310,6 @@ def cute_decode_plan(
         # faster (median of five paired readings on two H200s, four faster, one 0.8 % slower),
         # with one 0.1-1.5 % slower (DRAM sets the pace; docs/mla.md)
         "rope_early": int(cfg.get("rope_early", row_blocks > 1)) if layout == "pairs" else 0,
-        # benchmark variant of the pairs kernel: each tile loaded whole once all its parts are
-        # released (not yet measured; docs/mla.md)
-        "whole_tiles": int(cfg.get("whole_tiles", 0)) if layout == "pairs" else 0,
         "stages": stages,
         # KV tiles loaded with the L2 evict-first hint (cute_decode.KvRingProducer): 0.3-2.5 %
         # faster at 11 of 12 shapes over two H200 runs (docs/mla.md); 0 turns it off

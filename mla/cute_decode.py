@@ -775,7 +775,6 @@ def decode_kernel(spec: dict[str, Any]) -> Any:
         kernel = MlaDecodeSeesawPairsSm90(
             spec["page_block"], spec["split"], spec["write_lse"], spec["evict_first"],
             spec["ablation"], spec["tile"], spec["lazy_rescale"], spec["rope_early"],
-            spec["whole_tiles"],
         )  # fmt: skip
     else:
         kernel = MlaDecodeSm90(
@@ -799,7 +798,6 @@ def _kernel_spec(
         "evict_first": bool(plan["evict_first"]), "page_prefetch": bool(plan["page_prefetch"]),
         "tile": plan["tile"], "lazy_rescale": bool(plan["lazy_rescale"]),
         "rope_early": bool(plan["rope_early"]),
-        "whole_tiles": bool(plan["whole_tiles"]),
         "persistent": bool(plan["persistent"]),
     }  # fmt: skip
 

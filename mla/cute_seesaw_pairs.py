@@ -122,7 +122,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     def __init__(
         self, page_block: int, split: bool, write_lse: bool, evict_first: bool = False,
         ablation: str = "", tile: int = TILE, lazy_rescale: bool = False,
-        rope_early: bool = False, whole_tiles: bool = False,
+        rope_early: bool = False,
     ) -> None:  # fmt: skip
         if tile not in (32, 64):
             raise ValueError(f"tile={tile} must be 32 or 64 tokens")
@@ -140,15 +140,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         self.rope_early = rope_early
         self.part_pieces = _THIRDS if rope_early else _HALVES
         self.parts = len(self.part_pieces)  # barrier slots per stage
-        order = _LOAD_ORDER_ROPE if rope_early else _LOAD_ORDER
-        # (tile A or B, part, whether it is the tile's first part in the order)
-        self.load_order = tuple(
-            (which, part, [w for w, _ in order].index(which) == i)
-            for i, (which, part) in enumerate(order)
-        )
-        # Benchmark variant: a tile's parts go out together, once all of them are released
-        # (DRAM then sees each token's 1152-byte row requested at once, not in two visits)
-        self.whole_tiles = whole_tiles
+        self.load_order = _LOAD_ORDER_ROPE if rope_early else _LOAD_ORDER
         self.ring_pairs = TILE // tile  # pairs the ring holds at once
         self.stages = 2 * self.ring_pairs  # tile A and tile B of each
         self.page_block = page_block
@@ -353,18 +345,13 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
                     now[i] = ahead[i]
                 self._pair_boxes(ahead, m_bt, b, start + (2 * p + 2) * self.tile, end,
                                  page_size, n_boxes)  # fmt: skip
-            for which, part, first_part in self.load_order:
+            for which, part in self.load_order:
                 tile = 2 * p + which
                 if tile < n_tiles:
                     stage = self._stage(p, which)
                     slot = self.parts * stage + part
                     if p >= self.ring_pairs:  # released by the pair that held these stages
-                        phase = self._phase(p - self.ring_pairs)
-                        if cutlass.const_expr(not self.whole_tiles):
-                            cute.arch.mbarrier_wait(empty + slot, phase)
-                        elif cutlass.const_expr(first_part):  # every part of the tile
-                            for q in cutlass.range_constexpr(self.parts):
-                                cute.arch.mbarrier_wait(empty + self.parts * stage + q, phase)
+                        cute.arch.mbarrier_wait(empty + slot, self._phase(p - self.ring_pairs))
                     if cutlass.const_expr(not self.page_prefetch):
                         self._tile_boxes(now, which * cpt, m_bt, b, start + tile * self.tile,
                                          end, page_size, n_boxes)  # fmt: skip

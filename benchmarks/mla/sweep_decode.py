@@ -141,16 +141,6 @@ def variants(
                 ("cute pairs t32", {**pairs, "tile": 32, "lazy_rescale": 0}),
                 ("cute pairs t32 lazy", {**pairs, "tile": 32, "lazy_rescale": 1}),
                 ("cute pairs t64 rope", {**pairs, "tile": 64, "lazy_rescale": 0, "rope_early": 1}),
-                # each tile's parts loaded together (DRAM sees a token's row at once)
-                (
-                    "cute pairs t64 whole",
-                    {**pairs, "tile": 64, "lazy_rescale": 0, "whole_tiles": 1},
-                ),
-                # ... and with a pair of look-ahead (32-token tiles)
-                (
-                    "cute pairs t32 lazy whole",
-                    {**pairs, "tile": 32, "lazy_rescale": 1, "whole_tiles": 1},
-                ),
             ]
         configs += [("cute plain loads", {"evict_first": 0})]  # no L2 evict-first hint
         # block-table entries read when a stage frees, not a tile ahead (the code until

@@ -79,8 +79,6 @@ LAYOUTS = {
     "pairs t32 eager": {"layout": "pairs", "tile": 32, "lazy_rescale": 0, "rope_early": 0},
     "pairs t64 rope": {"layout": "pairs", "tile": 64, "lazy_rescale": 0, "rope_early": 1},
     "pairs t32 rope": {"layout": "pairs", "tile": 32, "lazy_rescale": 1, "rope_early": 1},
-    "pairs t64 whole": {"layout": "pairs", "tile": 64, "lazy_rescale": 0, "whole_tiles": 1},
-    "pairs t32 whole": {"layout": "pairs", "tile": 32, "lazy_rescale": 1, "whole_tiles": 1},
 }
 
 

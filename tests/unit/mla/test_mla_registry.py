@@ -284,10 +284,6 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
         64, False, 2, 4)  # fmt: skip
     assert pairs64.split and pairs64.page_prefetch and pairs64.rope_early
     assert pairs64.parts == 3 and not pairs32.rope_early and pairs32.parts == 2
-    assert not pairs64.whole_tiles
-    whole = build(configs.cute_decode_plan(128, 1, 64, 4096, 64, config={"whole_tiles": 1}))
-    assert whole.whole_tiles and [first for _, _, first in whole.load_order] == [
-        True, False, True, False]  # fmt: skip
     tokens = build(configs.cute_decode_plan(128, 1, 16, 4096, 64, config={"page_prefetch": 0}))
     assert isinstance(tokens, cute_decode.MlaDecodeSm90) and not tokens.page_prefetch
     heads = build(configs.cute_decode_plan(128, 1, 64, 4096, 64, config={"layout": "heads"}))
