@@ -59,3 +59,16 @@ def test_ratios_carry_their_quartiles(sweep):
     lo, hi = got["ratio_iqr"]
     assert 0.98 <= lo <= 0.99 <= hi <= 1.0
     assert got["ratio_spread"] == pytest.approx([0.98, 1.3])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_batch_sets_the_requests_the_metrics_count(sweep, monkeypatch):
+    """``--batch 132`` (one CTA per H200 SM at 64 heads) is what the bytes and FLOPs count."""
+    monkeypatch.setattr(sweep, "BATCH", sweep.BATCH)  # put back after the test
+    bounds = {"copy_gbps": 4000.0, "bf16_tflops": 700.0}
+    base = sweep._metrics(64, 1, 100.0, bounds, "")
+    assert sweep.main(["--batch", "132"]) == 2  # no GPU here, but the batch is taken
+    assert sweep.BATCH == 132
+    got = sweep._metrics(64, 1, 100.0, bounds, "")
+    assert got["tflops"] == pytest.approx(base["tflops"] * 132 / 128)
+    assert got["gbps"] == pytest.approx(base["gbps"] * 132 / 128)
