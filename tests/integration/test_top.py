@@ -52,16 +52,21 @@ def top_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 class Load:
-    """Background threads that keep `n` streaming completions running until closed."""
+    """Background threads that keep `n` streaming completions running until closed. Thread
+    `i` asks for `max_tokens + 40 i` tokens: requests of one length admitted together would
+    also finish together, and the server would be empty until the next ones arrive."""
 
     def __init__(self, url: str, n: int = 3, max_tokens: int = 300) -> None:
-        self.url, self.max_tokens = url, max_tokens
+        self.url = url
         self.stop = threading.Event()
         self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
+        self.threads = [
+            threading.Thread(target=self._run, args=(max_tokens + 40 * i,), daemon=True)
+            for i in range(n)
+        ]
 
-    def _run(self) -> None:
-        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": self.max_tokens,
+    def _run(self, max_tokens: int) -> None:
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens,
                 "ignore_eos": True, "stream": True}  # fmt: skip
         while not self.stop.is_set():
             try:
@@ -84,6 +89,18 @@ class Load:
         self.stop.set()
         for t in self.threads:
             t.join(30)
+
+
+async def _freeze_with_rows(pilot: Any, table: DataTable, rows: int, tries: int = 20) -> bool:
+    """Pause the dashboard (`p`) on a screen that shows at least `rows` requests: the load's
+    requests are replaced as they finish, so the snapshot frozen can fall in between."""
+    for _ in range(tries):
+        await _until(pilot, lambda: table.row_count >= rows)
+        await pilot.press("p")
+        if table.row_count >= rows:
+            return True
+        await pilot.press("p")  # an empty moment was frozen: resume and try again
+    return False
 
 
 async def _until(pilot: Any, cond: Callable[[], bool], timeout: float = 60.0) -> bool:
@@ -146,7 +163,7 @@ def test_stream_follows_live_requests(top_server: Server) -> None:
     last = seen[-1]
     row = max(last["requests"], key=lambda r: r["output_tokens"])
     assert row["id"].startswith("cmpl-") and row["state"] in ("Decoding", "Prefilling")
-    assert row["prompt_tokens"] == prompt_tokens and row["max_new_tokens"] == 300
+    assert row["prompt_tokens"] == prompt_tokens and row["max_new_tokens"] in (300, 340)
     assert row["ttft_ms"] > 0 and row["tokens_per_s"] > 0
     assert last["num_requests"] >= 1 and last["scheduler"]["running"] >= 1
     assert last["kv"]["device"]["active"] > 0
@@ -190,7 +207,7 @@ def test_dashboard_shows_the_server_under_load(top_server: Server) -> None:
 
                 # Sort and filter work on the frozen screen, so requests that finish and are
                 # replaced by the load meanwhile cannot change the rows under the assertions.
-                await pilot.press("p")
+                assert await _freeze_with_rows(pilot, table, 2), app.status_line
 
                 # s: the next sort column (age -> id), rows in id order.
                 await pilot.press("s")
