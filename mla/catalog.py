@@ -162,8 +162,9 @@ def _register_cute_decode() -> None:
         traits=dict(_CUTE_DECODE_TRAITS),
         priority=Priority.SPECIALIZED,
         tags=("deterministic",),
-        description="CuTe DSL SM90 MLA decode over an FP8 cache (blocks of up to 32 rows): "
-        "bulk-copied e4m3 tiles, converter warp groups widening them to bf16, wgmma",
+        description="CuTe DSL SM90 MLA decode over an FP8 cache: bulk-copied e4m3 tiles "
+        "widened to bf16 in shared memory, wgmma with KV tokens on M (up to 32 rows) or "
+        "the pairs kernel's 64 rows on M",
     )
 
 

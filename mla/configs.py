@@ -204,6 +204,7 @@ def plan_decode(
 
 
 CUTE_TILE = 64  # KV tokens per tile of the CuTe decode
+FP8_PAIRS_TILE = 32  # ... and of the FP8 pairs decode, whose ring holds one pair of them
 
 
 def cute_decode_plan(
@@ -223,25 +224,51 @@ def cute_decode_plan(
     one CTA fills an SM (the ring of 72 KiB tiles takes most of its shared memory), which
     sizes the split count.
 
-    An FP8 cache (``fp8``, ``cute_decode_fp8.py``) takes the tokens layout in blocks of 16
-    or 32 rows (more rows: more blocks, each reading the cache; 2.1x faster than the Triton
-    FP8 kernel at 64 and 128 heads all the same, docs/mla.md):
-    ``stages`` bf16 tiles fed by ``fp8_stages`` FP8 slots, converted by ``converter_wgs``
-    warp groups. Default 2 + 1 with two converter groups: the fastest of five such rings on
-    the H200 (2026-12-02, docs/mla.md), e.g. 139-145 us at 16 heads against 184-199 us for
-    one converter group and 157-160 us for one bf16 tile fed by two or three FP8 slots; with
-    the exact widening of the same day, 142.4 us against 156.5 us for one converter group.
+    An FP8 cache (``fp8``) takes, up to 32 rows per request, the tokens layout
+    (``cute_decode_fp8.py``) in blocks of 16 or 32 rows: ``stages`` bf16 tiles fed by
+    ``fp8_stages`` FP8 slots, converted by ``converter_wgs`` warp groups. More rows take the
+    pairs layout (``cute_seesaw_pairs_fp8.py``) in blocks of 64, each reading the cache once:
+    one pair of 32-token bf16 stages fed by ``fp8_stages`` 32-token FP8 slots, widened by the
+    producer warp group's threads with ``widener_regs`` registers each (H200: 222 / 428 us at
+    64 / 128 heads against 298 / 586 us for blocks of 32 rows on the tokens layout, which
+    stays reachable with ``layout="tokens"``). The tokens layout's default ring, 2 + 1 with
+    two converter groups, was the fastest of five on the H200 (2026-12-02, docs/mla.md), e.g.
+    139-145 us at 16 heads against 184-199 us for one converter group and 157-160 us for one
+    bf16 tile fed by two or three FP8 slots; with the exact widening of the same day, 142.4
+    us against 156.5 us for one converter group.
     """
     cfg = dict(config or {})
     rows_per_req = q_len * heads
     if fp8:
-        if cfg.get("layout", "tokens") != "tokens":
-            raise ValueError("the FP8 CuTe decode has the tokens layout only")
-        if int(cfg.get("rows", 32)) not in (16, 32):
-            raise ValueError(f"rows={cfg['rows']}: the FP8 CuTe decode takes 16 or 32 per CTA")
-        # more rows than 32 run in blocks of 32, each CTA reading its split of the cache
-        cfg = {"stages": 2, "fp8_stages": 1, "converter_wgs": 2, "wgs": 1,
-               "layout": "tokens", "rows": 16 if rows_per_req <= 16 else 32, **cfg}  # fmt: skip
+        # more than 32 rows: one CTA per 64 (cute_seesaw_pairs_fp8.py), each reading the
+        # cache once, 1.33-1.36x faster at 64 and 128 heads than blocks of 32 rows that each
+        # read it (H200, docs/mla.md)
+        fp8_layout = cfg.get("layout", "pairs" if rows_per_req > 32 else "tokens")
+        if fp8_layout == "pairs":
+            # a bf16 ring of one pair of 32-token tiles fed by two 32-token FP8 slots; the
+            # producer warp group widens with 72 registers a thread (the consumers keep 216)
+            if int(cfg.get("tile", FP8_PAIRS_TILE)) != FP8_PAIRS_TILE:
+                raise ValueError("the FP8 pairs decode takes 32-token tiles")
+            if int(cfg.get("rope_early", 0)):
+                raise ValueError(
+                    "the FP8 pairs decode releases each tile's rope dims with its hi half"
+                )
+            cfg = {"stages": 2, "fp8_stages": 2, "converter_wgs": 1, "tile": FP8_PAIRS_TILE,
+                   "rope_early": 0, "widener_regs": 72, **cfg}  # fmt: skip
+            if int(cfg["stages"]) != 2:
+                raise ValueError("the FP8 pairs decode's bf16 ring is one pair: stages=2")
+            if int(cfg["widener_regs"]) not in (40, 56, 72):
+                raise ValueError(f"widener_regs={cfg['widener_regs']}: 40, 56 or 72")
+        elif fp8_layout != "tokens":
+            raise ValueError(
+                f"layout={fp8_layout!r}: the FP8 CuTe decode takes 'tokens' or 'pairs'"
+            )
+        else:
+            if int(cfg.get("rows", 32)) not in (16, 32):
+                raise ValueError(f"rows={cfg['rows']}: the FP8 CuTe decode takes 16 or 32 per CTA")
+            # more rows than 32 run in blocks of 32, each CTA reading its split of the cache
+            cfg = {"stages": 2, "fp8_stages": 1, "converter_wgs": 2, "wgs": 1,
+                   "layout": "tokens", "rows": 16 if rows_per_req <= 16 else 32, **cfg}  # fmt: skip
     layout = str(cfg.get("layout", "tokens" if rows_per_req <= 32 else "pairs"))
     if layout not in ("tokens", "heads", "pairs"):
         raise ValueError(f"layout={layout!r}: expected 'tokens', 'heads' or 'pairs'")
@@ -289,8 +316,8 @@ def cute_decode_plan(
     if persistent:  # two part slots per CTA
         workspace = 2 * ctas * rows * (512 + 1) * 4
     if fp8:  # query + bf16 tiles + p + FP8 slots must fit the SM's 227 KiB of shared memory
-        need = rows * 576 * 2 + stages * CUTE_TILE * 576 * 2 + CUTE_TILE * rows * 2
-        need += fp8_stages * CUTE_TILE * 576
+        need = rows * 576 * 2 + stages * tile * 576 * 2 + CUTE_TILE * rows * 2
+        need += fp8_stages * tile * 576
         if stages < 1 or fp8_stages < 1 or need > 224 * 1024:
             raise ValueError(f"FP8 decode: {stages} bf16 tiles + {fp8_stages} FP8 slots at "
                              f"{rows} rows need {need} bytes of shared memory")  # fmt: skip
@@ -322,6 +349,8 @@ def cute_decode_plan(
         "converter_wgs": int(cfg["converter_wgs"]) if fp8 else 0,
         "num_splits": splits,
         "persistent": persistent,
+        # the FP8 pairs kernel's widening threads' registers (its consumers get the rest)
+        "widener_regs": int(cfg["widener_regs"]) if fp8 and layout == "pairs" else 0,
         "ctas": ctas,
         "workspace_bytes": workspace,
     }

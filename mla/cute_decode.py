@@ -752,10 +752,17 @@ def _unused_partials(device: Any) -> tuple[Any, Any]:
 def decode_kernel(spec: dict[str, Any]) -> Any:
     """The kernel object a launch spec names (built, not compiled); the spec's fields are the
     plan's that shape the compiled code (``_kernel_spec``)."""
-    if spec["fp8"]:
+    if spec["fp8"] and spec["layout"] == "pairs":
+        from .cute_seesaw_pairs_fp8 import MlaDecodeSeesawPairsFp8Sm90
+
+        kernel: Any = MlaDecodeSeesawPairsFp8Sm90(
+            spec["page_block"], spec["fp8_stages"], spec["split"], spec["write_lse"],
+            spec["per_token"], spec["ablation"], spec["widener_regs"],
+        )  # fmt: skip
+    elif spec["fp8"]:
         from .cute_decode_fp8 import MlaDecodeFp8Sm90
 
-        kernel: Any = MlaDecodeFp8Sm90(
+        kernel = MlaDecodeFp8Sm90(
             spec["rows"], spec["page_block"], spec["stages"], spec["fp8_stages"], spec["split"],
             spec["write_lse"], spec["per_token"], spec["converter_wgs"], spec["ablation"],
         )  # fmt: skip
@@ -798,7 +805,7 @@ def _kernel_spec(
         "evict_first": bool(plan["evict_first"]), "page_prefetch": bool(plan["page_prefetch"]),
         "tile": plan["tile"], "lazy_rescale": bool(plan["lazy_rescale"]),
         "rope_early": bool(plan["rope_early"]),
-        "persistent": bool(plan["persistent"]),
+        "persistent": bool(plan["persistent"]), "widener_regs": plan["widener_regs"],
     }  # fmt: skip
 
 
@@ -830,7 +837,8 @@ def mla_decode(
     """CuTe DSL SM90 MLA decode; the contract is ``tokenspeed.mla.mla_decode``'s.
 
     A bf16 query over a bf16 cache, or over an FP8 (e4m3) cache with ``kv_scale`` (one
-    element, or one per token) in blocks of up to 32 rows (query tokens x heads).
+    element, or one per token): up to 32 rows (query tokens x heads) on the tokens layout,
+    more in blocks of 64 on the FP8 pairs kernel.
     ``fold_sq_factor`` is accepted for the common signature: rows of all query tokens are
     already laid out on one axis here, so every fold gives the same launch.
     """
@@ -868,7 +876,10 @@ def mla_decode(
         q2d = torch.cat([q2d, q2d.new_zeros(plan["rows"] - q2d.shape[0], D_QK)])
     if fp8:  # the loader copies bytes; the converter reads them as e4m3
         kv_arg = cute_tensor(cache.view(torch.uint8).view(-1))
-        scale_arg = (cute_tensor(kv_scale.reshape(-1).to(torch.float32), 4),)
+        scale = kv_scale.reshape(-1).to(torch.float32)
+        if scale.data_ptr() % 16:  # the FP8 pairs kernel bulk-copies per-token scales
+            scale = scale.clone()
+        scale_arg = (cute_tensor(scale, 4),)
     else:
         kv_arg = cute_tensor(cache.view(cache.shape[0] * page_size, D_QK))
         scale_arg = ()

@@ -81,10 +81,11 @@ class TwoGroupRows:
     @cute.jit
     def _finish_rows(
         self, acc_o, coords_o, l_own, m_run, s_sum, my_rows, wg, lane, b, split, rows_per_req,
-        row0, num_splits, m_out, m_lse, m_part_o, m_part_lse, s_stage,
+        row0, num_splits, m_out, m_lse, m_part_o, m_part_lse, s_stage, out_scale=None,
     ):  # fmt: skip
         """Add the two groups' denominators, normalise this group's half of ``O`` and write
         it (and, from group 0, the rows' LSE); rows past the request are not written.
+        ``out_scale``: a factor of every output value (an FP8 cache's scale per tensor).
 
         ``s_stage`` is shared memory no product reads any more (the query block), at least
         ``64 x 520`` bf16: the final rows are gathered there and stored whole
@@ -104,7 +105,10 @@ class TwoGroupRows:
             l_own[h] = total
             inv[h] = Float32(0.0)
             if total > 0.0:
-                inv[h] = 1.0 / total
+                if cutlass.const_expr(out_scale is None):
+                    inv[h] = 1.0 / total
+                else:
+                    inv[h] = out_scale / total
 
         # Elements i and i + 1 are adjacent dims of one row: moved together (4 bytes bf16, 8
         # fp32), scaled and converted outside any branch.

@@ -173,6 +173,42 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         row_blocks: Int32,
         stream: cuda.CUstream,
     ):
+        (mma_s, mma_s0, mma_s_rs, mma_o, mma_o_rs), (kv_layout, v_layout, q_layout, p_layout) = (
+            self._mmas_and_layouts()
+        )
+        tma_kv_atom, tma_kv = self._make_piece_tma(m_kv, kv_layout)
+        tma_q_atom, tma_q = self._make_q_tma(m_q, q_layout)
+
+        @cute.struct
+        class SharedStorage:
+            full: cute.struct.MemRange[cutlass.Int64, self.parts * self.stages]
+            empty: cute.struct.MemRange[cutlass.Int64, self.parts * self.stages]
+            q_bar: cute.struct.MemRange[cutlass.Int64, 1]
+            m0: cute.struct.MemRange[Float32, ROWS]  # group 0's running max after tile A
+            scale0: cute.struct.MemRange[Float32, ROWS]
+            m1: cute.struct.MemRange[Float32, ROWS]  # group 1's running max after tile B
+            scale1: cute.struct.MemRange[Float32, ROWS]
+            row_sum: cute.struct.MemRange[Float32, 2 * ROWS]  # per-group denominators (end)
+            s_kv: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kv_layout)], 1024]
+            s_q: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_layout)], 1024]
+            s_pa: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(p_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            mma_s, mma_s0, mma_s_rs, mma_o, mma_o_rs, tma_kv_atom, tma_kv, tma_q_atom, tma_q,
+            kv_layout, v_layout, q_layout, p_layout,
+            m_bt, m_seq, m_out, m_lse, m_part_o, m_part_lse,
+            scale_log2, q_len, num_heads, num_splits, page_size,
+        ).launch(
+            grid=[row_blocks, num_splits, batch], block=[self.threads, 1, 1], stream=stream,
+            min_blocks_per_mp=1,
+        )  # fmt: skip
+
+    @cute.jit
+    def _mmas_and_layouts(self):
+        """The five tiled MMAs (scores: accumulating, first k-block, rope from registers;
+        values: P from shared memory, P from registers) and the shared-memory layouts of the
+        ring, its V view, the query block and a P block."""
         k_major = warpgroup.OperandMajorMode.K
         mn_major = warpgroup.OperandMajorMode.MN
 
@@ -205,33 +241,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         # P blocks stay 64 columns (the 128-byte swizzle the query's rope dims have, where P_B
         # goes); a 32-token tile's P fills the first 32
         p_layout = sm90_utils.make_smem_layout_a(row_major, (ROWS, HALF_V, TILE), BFloat16, 1)
-        tma_kv_atom, tma_kv = self._make_piece_tma(m_kv, kv_layout)
-        tma_q_atom, tma_q = self._make_q_tma(m_q, q_layout)
-
-        @cute.struct
-        class SharedStorage:
-            full: cute.struct.MemRange[cutlass.Int64, self.parts * self.stages]
-            empty: cute.struct.MemRange[cutlass.Int64, self.parts * self.stages]
-            q_bar: cute.struct.MemRange[cutlass.Int64, 1]
-            m0: cute.struct.MemRange[Float32, ROWS]  # group 0's running max after tile A
-            scale0: cute.struct.MemRange[Float32, ROWS]
-            m1: cute.struct.MemRange[Float32, ROWS]  # group 1's running max after tile B
-            scale1: cute.struct.MemRange[Float32, ROWS]
-            row_sum: cute.struct.MemRange[Float32, 2 * ROWS]  # per-group denominators (end)
-            s_kv: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kv_layout)], 1024]
-            s_q: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_layout)], 1024]
-            s_pa: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(p_layout)], 1024]
-
-        self.shared_storage = SharedStorage
-        self.kernel(
-            mma_s, mma_s0, mma_s_rs, mma_o, mma_o_rs, tma_kv_atom, tma_kv, tma_q_atom, tma_q,
-            kv_layout, v_layout, q_layout, p_layout,
-            m_bt, m_seq, m_out, m_lse, m_part_o, m_part_lse,
-            scale_log2, q_len, num_heads, num_splits, page_size,
-        ).launch(
-            grid=[row_blocks, num_splits, batch], block=[self.threads, 1, 1], stream=stream,
-            min_blocks_per_mp=1,
-        )  # fmt: skip
+        return (mma_s, mma_s0, mma_s_rs, mma_o, mma_o_rs), (kv_layout, v_layout, q_layout, p_layout)
 
     @cute.jit
     def _make_piece_tma(self, m_kv: cute.Tensor, kv_layout):
@@ -392,9 +402,17 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         self, mma_s, mma_s0, mma_s_rs, mma_o, mma_o_rs, s_kv, s_q, s_pa, v_layout, p_layout,
         q_bar, full, empty, storage, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len,
         num_heads, num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx,
-        warp,
+        warp, tok_scale=None, kv_scale=None,
     ):  # fmt: skip
-        """A consumer warp group: its tile of every pair, its half of every ``P @ V``."""
+        """A consumer warp group: its tile of every pair, its half of every ``P @ V``.
+
+        An FP8 cache reaches the ring as its raw e4m3 values in bf16 (exact), and its scale
+        is applied here in float32 (``cute_seesaw_pairs_fp8.py``): one per tensor
+        (``kv_scale``: the caller folds it into ``scale_log2`` too, and the output takes it
+        in float32, so a value times the scale is rounded once) or one per token
+        (``tok_scale``, token x stage), which multiplies each token's scores and its
+        probabilities before they meet V (the denominators sum the unscaled ones).
+        """
         wg = warp // 4
         wg_tidx = tidx % 128
         # What the pair bodies only read, bundled at trace time. What they write is passed by
@@ -404,6 +422,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             mma_o=mma_o, mma_o_rs=mma_o_rs, s_kv=s_kv, v_layout=v_layout, full=full,
             empty=empty, storage=storage, scale_log2=scale_log2, start=start, end=end,
             row0=row0, num_heads=num_heads, first_t=seq_len - q_len,  # kv pos of query token 0
+            tok_scale=tok_scale,
         )  # fmt: skip
         # -- scores: S = Q @ K^T (64 rows x tile tokens) --------------------------------------
         thr_s = mma_s.get_slice(wg_tidx)
@@ -491,6 +510,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         self._finish_rows(
             acc_o, coords_o, l_own, m_run, s_sum, my_rows, wg, c.lane, b, split, rows_per_req,
             row0, num_splits, m_out, m_lse, m_part_o, m_part_lse, storage.s_q.data_ptr(),
+            out_scale=kv_scale,
         )  # fmt: skip
 
     # -- the two groups' parts of a pair ------------------------------------------------------
@@ -502,7 +522,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         (``has_b``), then the next tile A's scores (``has_next``; left in ``acc_s``)."""
         my_rows = c.my_rows
         tile_max = cute.make_rmem_tensor((2,), Float32)
-        self._mask_and_max(c, acc_s, tile_max, 2 * p)
+        self._mask_and_max(c, acc_s, tile_max, p, 0)
         mu = cute.make_rmem_tensor((2,), Float32)
         scale = cute.make_rmem_tensor((2,), Float32)
         for h in cutlass.range_constexpr(2):
@@ -519,7 +539,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
                 s_scale0[my_rows[h]] = scale[h]
         cute.arch.barrier_arrive(barrier_id=_BAR_SCALE0, number_of_threads=_PAIR)
         self._rescale(acc_o, l_own, scale)
-        self._exponentiate(c, acc_s, l_own, r_pa, r_p, mu)
+        self._exponentiate(c, acc_s, l_own, r_pa, r_p, mu, p, 0)
         self._issue_values(c, acc_o, r_pa, True, p, 0, 0)  # O_L += P_A @ V_AL, P_A in registers
         # P_A (to m0) for group 1's P_A @ V_AR, once its product with the last one is done
         cute.arch.barrier(barrier_id=_BAR_PA_FREE, number_of_threads=_PAIR)
@@ -559,7 +579,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         tile_max = cute.make_rmem_tensor((2,), Float32)
         tile_max.fill(_NEG_INF)
         if cutlass.const_expr(has_b):
-            self._mask_and_max(c, acc_s, tile_max, 2 * p + 1)
+            self._mask_and_max(c, acc_s, tile_max, p, 1)
         cute.arch.barrier(barrier_id=_BAR_SCALE0, number_of_threads=_PAIR)
         s_m0, s_scale0, s_m1, s_scale1 = self._exchange(c)
         mu = cute.make_rmem_tensor((2,), Float32)
@@ -587,7 +607,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         cute.arch.barrier(barrier_id=_BAR_PA, number_of_threads=_PAIR)
         self._issue_values(c, acc_o, r_pa, False, p, 0, 1)  # O_R += P_A @ V_AR
         if cutlass.const_expr(has_b):
-            self._exponentiate(c, acc_s, l_own, r_pa, r_p, mu)
+            self._exponentiate(c, acc_s, l_own, r_pa, r_p, mu, p, 1)
         warpgroup.wait_group(0)
         self._release(c, p, 0, 1)  # A hi: V_AR read
         cute.arch.barrier_arrive(barrier_id=_BAR_PA_FREE, number_of_threads=_PAIR)
@@ -703,26 +723,38 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
                 l_own[h] = l_own[h] * scale[h]
 
     @cute.jit
-    def _exponentiate(self, c, acc_s, l_own, r_pa, r_p, mu):
+    def _exponentiate(self, c, acc_s, l_own, r_pa, r_p, mu, pair, which: cutlass.Constexpr):
         """``P = exp2(S - mu)`` in place (fp32), its bf16 copies (a register A operand, and
-        one in the accumulator's layout to hand over), and the denominators."""
+        one in the accumulator's layout to hand over), and the denominators. Over an FP8
+        cache with a scale per token the bf16 copies carry it (the denominators do not)."""
         for i in cutlass.range_constexpr(cute.size(acc_s)):
             h = (i // 2) % 2
             x = Float32(cute.math.exp2(acc_s[i] - mu[h], fastmath=True))
             acc_s[i] = x
             l_own[h] = l_own[h] + x
+            if cutlass.const_expr(c.tok_scale is not None):
+                x = x * self._token_scale_of(c, i, pair, which)
             y = x.to(BFloat16)
             r_pa[i] = y
             r_p[i] = y
 
     @cute.jit
-    def _mask_and_max(self, c, acc_s, tile_max, tile):
-        """Scale ``S`` to base 2 and mask it (past the split, causal); its row maxima into
-        ``tile_max``. One branch per tile, selects within it: a branch per element (the
+    def _token_scale_of(self, c, i, pair, which: cutlass.Constexpr):
+        """The FP8 cache's scale of the token in score column ``i`` of this thread."""
+        return c.tok_scale[Int32(c.coords_s[i][1]), self._stage(pair, which)]
+
+    @cute.jit
+    def _mask_and_max(self, c, acc_s, tile_max, pair, which: cutlass.Constexpr):
+        """Scale ``S`` of pair ``pair``'s tile A or B (``which``) to base 2 (and by each
+        token's scale over an FP8 cache) and mask it (past the split, causal); its row maxima
+        into ``tile_max``. One branch per tile, selects within it: a branch per element (the
         obvious ``if`` inside the loop) made the instruction fetch the top stall."""
-        tile_start = c.start + tile * self.tile
+        tile_start = c.start + (2 * pair + which) * self.tile
         for i in cutlass.range_constexpr(cute.size(acc_s)):
-            acc_s[i] = acc_s[i] * c.scale_log2
+            if cutlass.const_expr(c.tok_scale is not None):
+                acc_s[i] = acc_s[i] * (c.scale_log2 * self._token_scale_of(c, i, pair, which))
+            else:
+                acc_s[i] = acc_s[i] * c.scale_log2
         if tile_start + self.tile > cutlass.min(c.end, c.first_t + 1):
             # the first masked column of each of this thread's two rows, from the tile start
             bound0 = cutlass.min(c.end, c.first_t + 1 + (c.row0 + c.my_rows[0]) // c.num_heads)

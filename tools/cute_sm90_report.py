@@ -185,12 +185,13 @@ def _mla_decode_persistent_args(rows: int, page_size: int, ctas: int = 132):
 
 def main() -> None:
     """Report the MLA decode kernels: KV tokens on M (16/64 rows), the persistent grid,
-    64 rows on M (seesaw of one tile, of pairs), FP8."""
+    64 rows on M (seesaw of one tile, of pairs), FP8 (tokens on M, pairs)."""
     from tokenspeed.mla.cute_decode import MlaDecodeSm90
     from tokenspeed.mla.cute_decode_fp8 import MlaDecodeFp8Sm90
     from tokenspeed.mla.cute_decode_persistent import MlaDecodePersistentSm90
     from tokenspeed.mla.cute_seesaw import MlaDecodeSeesawSm90
     from tokenspeed.mla.cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
+    from tokenspeed.mla.cute_seesaw_pairs_fp8 import MlaDecodeSeesawPairsFp8Sm90
 
     cases = [
         ("tokens-on-M, 16 rows, page 64", MlaDecodeSm90(16, 1, 64, 2, False, True), 16, 64, 0),
@@ -213,6 +214,9 @@ def main() -> None:
     fp8 = MlaDecodeFp8Sm90(32, 64, 2, 1, False, True, per_token=True, converter_wgs=2)
     report = compile_report(fp8, *_mla_decode_fp8_args(32, 64, split=False, per_token=True))
     print(f"{'FP8 cache, 32 rows, 2 + 1, two converters':<40} {report}")
+    fp8_pairs = MlaDecodeSeesawPairsFp8Sm90(32, 2, False, True, per_token=True)
+    report = compile_report(fp8_pairs, *_mla_decode_fp8_args(64, 64, split=False, per_token=True))
+    print(f"{'FP8 cache, 64 rows, pairs, 2 FP8 slots':<40} {report}")
 
 
 if __name__ == "__main__":

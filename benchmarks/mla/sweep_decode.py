@@ -102,6 +102,14 @@ def variants(
                 **two,
             },
         }
+        # 64 rows a CTA (cute_seesaw_pairs_fp8.py): two bf16 stages of 32 tokens behind two
+        # (or four) FP8 slots of 32, widened by threads of 72 (or 40, 56) registers
+        pairs = {"layout": "pairs"}
+        rings["pairs 2+2"] = {**pairs, "fp8_stages": 2}
+        rings["pairs 2+4"] = {**pairs, "fp8_stages": 4}
+        rings["pairs 2+2 ablation no_widen"] = {**pairs, "ablation": "no_widen"}
+        for regs in (40, 56):
+            rings[f"pairs 2+2 w{regs}"] = {**pairs, "fp8_stages": 2, "widener_regs": regs}
         for ring, cfg in rings.items():
             out.append((
                 f"cute fp8 ring {ring}",

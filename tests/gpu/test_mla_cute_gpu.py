@@ -286,12 +286,15 @@ def test_fp8_cache_ragged(heads, q_len, splits, per_token, config):
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
+@pytest.mark.parametrize("layout", ["tokens", "pairs"])
 @pytest.mark.parametrize("page", [16, 32, 128])
-def test_fp8_cache_page_sizes(page):
+def test_fp8_cache_page_sizes(page, layout):
     lens = [300, 17, 256, 0]
-    q, cache, tables, seq = _problem(lens, 16, 1, page, seed=page)
+    heads = 16 if layout == "tokens" else 64
+    q, cache, tables, seq = _problem(lens, heads, 1, page, seed=page)
     cache8, scale = _fp8(cache, True)
-    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale)
+    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale,
+                    config={"layout": layout})  # fmt: skip
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
@@ -304,27 +307,53 @@ def test_fp8_registry_picks_it_at_any_head_count():
     out = M.mla_decode(q, cache8, tables, seq, SCALE, kv_scale=scale)
     exp, _ = _expected_fp8(q, cache8, scale, tables, seq)
     torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
-    q64, *_ = _problem([2000, 1500], 64, 1, 64, seed=13)  # 64 rows: two blocks of 32
+    q64, *_ = _problem([2000, 1500], 64, 1, 64, seed=13)  # 64 rows: the pairs kernel's block
     plan = M.mla_decode_plan(q64, cache8, tables)
-    assert (plan.kernel, plan.block_h) == ("cute_mla_decode_fp8_sm90", 32)
+    assert (plan.kernel, plan.block_h) == ("cute_mla_decode_fp8_sm90", 64)
     out = M.mla_decode(q64, cache8, tables, seq, SCALE, kv_scale=scale)
     exp, _ = _expected_fp8(q64, cache8, scale, tables, seq)
     torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("layout", ["tokens", "plan"])
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("heads,q_len", [(64, 1), (32, 2), (128, 1), (24, 3)])
-def test_fp8_cache_more_than_32_rows(heads, q_len, per_token):
-    """Blocks of 32 rows, each CTA reading the cache for its own block."""
+def test_fp8_cache_more_than_32_rows(heads, q_len, per_token, layout):
+    """The plan's blocks of 64 rows (the pairs kernel), or blocks of 32 rows of the tokens
+    kernel, each CTA reading the cache for its own block."""
     lens = [700, 0, q_len, 300]
     q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads * q_len)
     cache8, scale = _fp8(cache, per_token)
-    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale)
+    config = {"layout": "tokens"} if layout == "tokens" else None
+    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale, config=config)
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
+# -- FP8 cache, 64 rows a CTA (cute_seesaw_pairs_fp8.py): the pairs kernel behind an FP8 ring --
+
+
+# the plan's ring (two FP8 slots, 72 registers a widening thread) and a deeper one
+FP8_PAIRS_RINGS = {"ring2": {}, "ring4w40": {"fp8_stages": 4, "widener_regs": 40}}
+
+
+@pytest.mark.parametrize("ring", list(FP8_PAIRS_RINGS))
 @pytest.mark.parametrize("per_token", [False, True])
-def test_fp8_every_byte_widens_exactly(per_token):
+@pytest.mark.parametrize("heads,q_len", [(64, 1), (128, 1), (32, 2), (16, 3), (24, 3)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_fp8_pairs_ragged(heads, q_len, splits, per_token, ring):
+    """Odd and even tile counts (a pair without its tile B), one request shorter than a tile,
+    an empty one, causal query blocks, rows past the request in the last block."""
+    lens = [1000, 64, q_len, 777, 0, q_len + 63, 31]
+    q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=7 * heads + q_len + splits)
+    cache8, scale = _fp8(cache, per_token)
+    out, lse = _run(q, cache8, tables, seq, num_splits=splits, kv_scale=scale,
+                    config={"layout": "pairs", **FP8_PAIRS_RINGS[ring]})  # fmt: skip
+    _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
+
+
+@pytest.mark.parametrize("layout", ["tokens", "pairs"])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_fp8_every_byte_widens_exactly(per_token, layout):
     """One live token per request, so each head's output is that token's value vector: every
     non-NaN e4m3 byte must come out as exactly its value times the scale (subnormals too),
     and the stale slots after it, filled with NaN bytes and NaN scales, must not leak in."""
@@ -344,7 +373,8 @@ def test_fp8_every_byte_widens_exactly(per_token):
     tables = torch.arange(batch, dtype=torch.int32, device="cuda").view(batch, 1)
     seq = torch.ones(batch, dtype=torch.int32, device="cuda")
     q = (torch.randn(batch, 1, heads, 576, generator=gen, device="cuda") * 0.1).bfloat16()
-    out, lse = _run(q, cache, tables, seq, num_splits=1, kv_scale=scale)
+    out, lse = _run(q, cache, tables, seq, num_splits=1, kv_scale=scale,
+                    config={"layout": layout})  # fmt: skip
     token_scale = scale[:, 0] if per_token else scale.expand(batch)
     value = cache[:, 0, :512].float() * token_scale[:, None]
     assert torch.equal(out[:, 0].float(), value.bfloat16().float()[:, None, :].expand_as(out[:, 0]))
@@ -352,19 +382,22 @@ def test_fp8_every_byte_widens_exactly(per_token):
     torch.testing.assert_close(lse[:, 0], score * SCALE, atol=1e-3, rtol=1e-3)
 
 
-def test_fp8_cuda_graph_replay_with_new_lengths():
+@pytest.mark.parametrize("heads,layout", [(16, "tokens"), (128, "pairs")])
+def test_fp8_cuda_graph_replay_with_new_lengths(heads, layout):
     from tokenspeed.mla import configs, cute_decode
 
     lens = [900, 300]
-    q, cache, tables, seq = _problem(lens, 16, 1, 64, seed=23)
+    q, cache, tables, seq = _problem(lens, heads, 1, 64, seed=23)
     cache8, scale = _fp8(cache, True)
-    out = torch.empty(2, 1, 16, 512, dtype=torch.bfloat16, device="cuda")
-    plan = configs.cute_decode_plan(2, 1, 16, tables.shape[1] * 64, 64, num_splits=2, fp8=True)
+    out = torch.empty(2, 1, heads, 512, dtype=torch.bfloat16, device="cuda")
+    cfg = {"layout": layout}
+    plan = configs.cute_decode_plan(2, 1, heads, tables.shape[1] * 64, 64, num_splits=2,
+                                    fp8=True, config=cfg)  # fmt: skip
     workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device="cuda")
 
     def step():
         cute_decode.mla_decode(q, cache8, tables, seq, SCALE, out=out, num_splits=2,
-                               workspace=workspace, kv_scale=scale)  # fmt: skip
+                               workspace=workspace, kv_scale=scale, config=cfg)  # fmt: skip
 
     step()  # compile outside the capture
     graph = torch.cuda.CUDAGraph()

@@ -209,13 +209,43 @@ def test_cute_fp8_decode_plan_rings_and_limits():
     with pytest.raises(ValueError, match="shared memory"):  # 2 x 72 + 3 x 36 KiB + query
         configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True,
                                  config={"stages": 2, "fp8_stages": 3})  # fmt: skip
-    wide = configs.cute_decode_plan(8, 2, 64, 4096, 64, fp8=True)  # 128 rows: 4 blocks of 32
+    tokens = {"layout": "tokens"}
+    wide = configs.cute_decode_plan(8, 2, 64, 4096, 64, fp8=True, config=tokens)  # 4 x 32 rows
     assert (wide["layout"], wide["rows"], wide["wgs"], wide["row_blocks"]) == ("tokens", 32, 1, 4)
     with pytest.raises(ValueError, match="16 or 32 per CTA"):
-        configs.cute_decode_plan(8, 2, 32, 4096, 64, fp8=True, config={"rows": 64})
-    with pytest.raises(ValueError, match="tokens layout only"):
+        configs.cute_decode_plan(8, 2, 32, 4096, 64, fp8=True, config={**tokens, "rows": 64})
+    with pytest.raises(ValueError, match="'tokens' or 'pairs'"):
         configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True, config={"layout": "heads"})
     assert configs.cute_decode_plan(8, 1, 16, 4096, 64)["fp8_stages"] == 0  # bf16: none
+
+
+def test_cute_fp8_pairs_plan():
+    """More than 32 rows over an FP8 cache: 64 rows a CTA, one pair of 32-token bf16 stages
+    behind two 32-token FP8 slots (query 72 + 2 x 36 + P 8 + 2 x 18 KiB = 188 KiB; four slots
+    fill 224), rope dims released with the hi half, O rescaled lazily, 72 registers a
+    widening thread."""
+    plan = configs.cute_decode_plan(128, 1, 128, 4096, 64, fp8=True)
+    assert (plan["layout"], plan["rows"], plan["row_blocks"], plan["tile"]) == ("pairs", 64, 2, 32)
+    assert (plan["stages"], plan["fp8_stages"], plan["page_block"]) == (2, 2, 32)
+    assert (plan["rope_early"], plan["lazy_rescale"], plan["page_prefetch"]) == (0, 1, 0)
+    assert plan["widener_regs"] == 72 and plan["converter_wgs"] == 1
+    assert configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True)["layout"] == "tokens"
+    mtp = configs.cute_decode_plan(8, 3, 16, 4096, 16, fp8=True)  # 48 rows: one block
+    assert (mtp["layout"], mtp["row_blocks"], mtp["page_block"]) == ("pairs", 1, 16)
+    pairs = {"layout": "pairs"}
+    deep = configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={**pairs, "fp8_stages": 4})
+    assert deep["fp8_stages"] == 4
+    with pytest.raises(ValueError, match="shared memory"):  # a fifth slot: 242 KiB
+        configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={**pairs, "fp8_stages": 5})
+    with pytest.raises(ValueError, match="32-token tiles"):
+        configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={**pairs, "tile": 64})
+    with pytest.raises(ValueError, match="rope dims"):
+        configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={**pairs, "rope_early": 1})
+    with pytest.raises(ValueError, match="40, 56 or 72"):
+        configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={**pairs, "widener_regs": 64})
+    with pytest.raises(ValueError, match="stages=2"):
+        configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={**pairs, "stages": 3})
+    assert configs.cute_decode_plan(8, 1, 64, 4096, 64)["widener_regs"] == 0  # bf16: none
 
 
 def test_cute_decode_needs_hopper_and_cute_dsl():
@@ -257,7 +287,8 @@ def test_cute_decode_refuses_wrong_cache_and_scale_combinations_before_launching
         cute_decode.mla_decode(q.half(), bf16, tables, seq, 0.1)
     with pytest.raises(ValueError, match="16 or 32 per CTA"):
         cute_decode.mla_decode(torch.zeros(2, 1, 64, 576, dtype=torch.bfloat16), fp8, tables,
-                               seq, 0.1, kv_scale=scale, config={"rows": 64})  # fmt: skip
+                               seq, 0.1, kv_scale=scale,
+                               config={"layout": "tokens", "rows": 64})  # fmt: skip
     with pytest.raises(ValueError, match="one scale per token slot"):
         cute_decode.mla_decode(q, fp8, tables, seq, 0.1, kv_scale=torch.ones(4, 63))
 
