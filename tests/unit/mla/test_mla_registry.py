@@ -301,6 +301,7 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     from tokenspeed.mla.cute_decode_fp8 import MlaDecodeFp8Sm90
     from tokenspeed.mla.cute_seesaw import MlaDecodeSeesawSm90
     from tokenspeed.mla.cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
+    from tokenspeed.mla.cute_seesaw_pairs_fp8 import MlaDecodeSeesawPairsFp8Sm90
 
     def build(plan, fp8=False, split=False):
         spec = cute_decode._kernel_spec(plan, fp8, fp8, split, True, "")
@@ -321,3 +322,10 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     assert isinstance(heads, MlaDecodeSeesawSm90)
     fp8 = build(configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True), fp8=True)
     assert isinstance(fp8, MlaDecodeFp8Sm90) and not fp8.page_prefetch
+    fp8_pairs = build(configs.cute_decode_plan(128, 1, 128, 4096, 16, fp8=True), fp8=True)
+    assert isinstance(fp8_pairs, MlaDecodeSeesawPairsFp8Sm90) and fp8_pairs.per_token
+    assert (fp8_pairs.tile, fp8_pairs.stages, fp8_pairs.ring_pairs, fp8_pairs.fp8_stages) == (
+        32, 2, 1, 2)  # fmt: skip
+    assert (fp8_pairs.copies_per_tile, fp8_pairs.parts, fp8_pairs.lazy_rescale) == (2, 2, True)
+    # setmaxnreg moves registers within the launch's 168 x 384
+    assert (fp8_pairs.widener_regs, fp8_pairs.consumer_regs) == (72, 216)
