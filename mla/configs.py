@@ -254,11 +254,14 @@ def cute_decode_plan(
                     "the FP8 pairs decode releases each tile's rope dims with its hi half"
                 )
             cfg = {"stages": 2, "fp8_stages": 2, "converter_wgs": 1, "tile": FP8_PAIRS_TILE,
-                   "rope_early": 0, "widener_regs": 72, **cfg}  # fmt: skip
+                   "rope_early": 0, "widener_regs": 72, "mma_dtype": "bf16", **cfg}  # fmt: skip
             if int(cfg["stages"]) != 2:
                 raise ValueError("the FP8 pairs decode's bf16 ring is one pair: stages=2")
             if int(cfg["widener_regs"]) not in (40, 56, 72):
                 raise ValueError(f"widener_regs={cfg['widener_regs']}: 40, 56 or 72")
+            # f16 products (widening by one conversion per pair): built, not yet measured
+            if cfg["mma_dtype"] not in ("bf16", "f16"):
+                raise ValueError(f"mma_dtype={cfg['mma_dtype']!r}: 'bf16' or 'f16'")
         elif fp8_layout != "tokens":
             raise ValueError(
                 f"layout={fp8_layout!r}: the FP8 CuTe decode takes 'tokens' or 'pairs'"
@@ -351,6 +354,8 @@ def cute_decode_plan(
         "persistent": persistent,
         # the FP8 pairs kernel's widening threads' registers (its consumers get the rest)
         "widener_regs": int(cfg["widener_regs"]) if fp8 and layout == "pairs" else 0,
+        # ... and the type its products multiply in (the others: bf16)
+        "mma_dtype": str(cfg["mma_dtype"]) if fp8 and layout == "pairs" else "bf16",
         "ctas": ctas,
         "workspace_bytes": workspace,
     }

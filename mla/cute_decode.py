@@ -757,7 +757,7 @@ def decode_kernel(spec: dict[str, Any]) -> Any:
 
         kernel: Any = MlaDecodeSeesawPairsFp8Sm90(
             spec["page_block"], spec["fp8_stages"], spec["split"], spec["write_lse"],
-            spec["per_token"], spec["ablation"], spec["widener_regs"],
+            spec["per_token"], spec["ablation"], spec["widener_regs"], spec["mma_dtype"] == "f16",
         )  # fmt: skip
     elif spec["fp8"]:
         from .cute_decode_fp8 import MlaDecodeFp8Sm90
@@ -806,6 +806,7 @@ def _kernel_spec(
         "tile": plan["tile"], "lazy_rescale": bool(plan["lazy_rescale"]),
         "rope_early": bool(plan["rope_early"]),
         "persistent": bool(plan["persistent"]), "widener_regs": plan["widener_regs"],
+        "mma_dtype": plan["mma_dtype"],
     }  # fmt: skip
 
 
@@ -915,6 +916,8 @@ def mla_decode(
         spec = _kernel_spec(plan, False, False, False, return_lse, ablation)
         _compiled(spec, args)(*args)
         return (out, lse) if return_lse else out
+    if plan["mma_dtype"] == "f16":  # the kernel converts the query (its bits, copied as f16)
+        q2d = q2d.view(torch.float16)
     args = (
         cute_tensor(q2d), kv_arg, *scale_arg, cute_tensor(block_tables, 4, all_dynamic=True),
         cute_tensor(seq_lens, 4), cute_tensor(out2d), cute_tensor(lse.view(-1), 4),

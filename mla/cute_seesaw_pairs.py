@@ -119,6 +119,8 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     pair before it is computed: a whole pair of look-ahead, for smaller products.
     """
 
+    mma_dtype: type = BFloat16  # what both products multiply: the query, the ring, P
+
     def __init__(
         self, page_block: int, split: bool, write_lse: bool, evict_first: bool = False,
         ablation: str = "", tile: int = TILE, lazy_rescale: bool = False,
@@ -189,9 +191,15 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             m1: cute.struct.MemRange[Float32, ROWS]  # group 1's running max after tile B
             scale1: cute.struct.MemRange[Float32, ROWS]
             row_sum: cute.struct.MemRange[Float32, 2 * ROWS]  # per-group denominators (end)
-            s_kv: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kv_layout)], 1024]
-            s_q: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_layout)], 1024]
-            s_pa: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(p_layout)], 1024]
+            s_kv: cute.struct.Align[
+                cute.struct.MemRange[self.mma_dtype, cute.cosize(kv_layout)], 1024
+            ]
+            s_q: cute.struct.Align[
+                cute.struct.MemRange[self.mma_dtype, cute.cosize(q_layout)], 1024
+            ]
+            s_pa: cute.struct.Align[
+                cute.struct.MemRange[self.mma_dtype, cute.cosize(p_layout)], 1024
+            ]
 
         self.shared_storage = SharedStorage
         self.kernel(
@@ -211,10 +219,11 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         ring, its V view, the query block and a P block."""
         k_major = warpgroup.OperandMajorMode.K
         mn_major = warpgroup.OperandMajorMode.MN
+        dt = self.mma_dtype
 
         def scores_mma(a_source=warpgroup.OperandSource.SMEM):
             return sm90_utils.make_trivial_tiled_mma(
-                BFloat16, BFloat16, k_major, k_major, Float32, (1, 1, 1), tiler_mn=(ROWS, self.tile),
+                dt, dt, k_major, k_major, Float32, (1, 1, 1), tiler_mn=(ROWS, self.tile),
                 a_source=a_source,
             )  # fmt: skip
 
@@ -223,24 +232,24 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         mma_s_rs = scores_mma(warpgroup.OperandSource.RMEM)  # rope k-blocks: Q in registers
         # O[:, half] += P @ V[:, half], P from shared memory (the other group's) ...
         mma_o = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, k_major, mn_major, Float32, (1, 1, 1), tiler_mn=(ROWS, HALF_V)
+            dt, dt, k_major, mn_major, Float32, (1, 1, 1), tiler_mn=(ROWS, HALF_V)
         )
         # ... or from this group's registers
         mma_o_rs = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, k_major, mn_major, Float32, (1, 1, 1), tiler_mn=(ROWS, HALF_V),
+            dt, dt, k_major, mn_major, Float32, (1, 1, 1), tiler_mn=(ROWS, HALF_V),
             a_source=warpgroup.OperandSource.RMEM,
         )  # fmt: skip
         row_major = utils.LayoutEnum.ROW_MAJOR
-        q_layout = sm90_utils.make_smem_layout_a(row_major, (ROWS, TILE, D_QK), BFloat16, 1)
+        q_layout = sm90_utils.make_smem_layout_a(row_major, (ROWS, TILE, D_QK), dt, 1)
         kv_layout = sm90_utils.make_smem_layout_b(
-            row_major, (ROWS, self.tile, D_QK), BFloat16, self.stages
+            row_major, (ROWS, self.tile, D_QK), dt, self.stages
         )
         v_layout = sm90_utils.make_smem_layout_b(
-            utils.LayoutEnum.COL_MAJOR, (ROWS, D_LATENT, self.tile), BFloat16, 1
+            utils.LayoutEnum.COL_MAJOR, (ROWS, D_LATENT, self.tile), dt, 1
         )
         # P blocks stay 64 columns (the 128-byte swizzle the query's rope dims have, where P_B
         # goes); a 32-token tile's P fills the first 32
-        p_layout = sm90_utils.make_smem_layout_a(row_major, (ROWS, HALF_V, TILE), BFloat16, 1)
+        p_layout = sm90_utils.make_smem_layout_a(row_major, (ROWS, HALF_V, TILE), dt, 1)
         return (mma_s, mma_s0, mma_s_rs, mma_o, mma_o_rs), (kv_layout, v_layout, q_layout, p_layout)
 
     @cute.jit
@@ -438,7 +447,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             cute.local_tile(v[None, None, 0], (ROWS, self.tile), (0, 0)) for v in (s_pa, q_rope)
         ]
         thr_s_rs = mma_s_rs.get_slice(wg_tidx)
-        c.r_q8 = cute.make_rmem_tensor(mma_s_rs.partition_shape_A((ROWS, PIECE)), BFloat16)
+        c.r_q8 = cute.make_rmem_tensor(mma_s_rs.partition_shape_A((ROWS, PIECE)), self.mma_dtype)
         c.r_sb_rs = mma_s_rs.make_fragment_B(thr_s_rs.partition_B(s_kv))
         # -- values: O[:, half] += P @ V[:, half] -------------------------------------------------
         thr_o = mma_o.get_slice(wg_tidx)
@@ -447,8 +456,10 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         c.r_oa = [mma_o.make_fragment_A(thr_o.partition_A(v)) for v in p_views]
         # The scores accumulator and a register A operand list their values in the same order
         # (pairs of columns, row halves, 8-column blocks), so P converts element by element.
-        r_pa = cute.make_rmem_tensor(mma_o_rs.partition_shape_A((ROWS, self.tile)), BFloat16)
-        r_p = cute.make_rmem_tensor_like(acc_s, BFloat16)  # the same, to write to shared memory
+        r_pa = cute.make_rmem_tensor(mma_o_rs.partition_shape_A((ROWS, self.tile)), self.mma_dtype)
+        r_p = cute.make_rmem_tensor_like(
+            acc_s, self.mma_dtype
+        )  # the same, to write to shared memory
         c.thr_s, c.p_views = thr_s, p_views
         acc_o = cute.make_rmem_tensor(mma_o.partition_shape_C((ROWS, HALF_V)), Float32)
         coords_o = thr_o.partition_C(cute.make_identity_tensor((ROWS, HALF_V)))
@@ -474,6 +485,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         n_pairs = (n_tiles + 1) // 2
 
         cute.arch.mbarrier_wait(q_bar, 0)
+        self._prepare_query(storage, tidx)
         cute.autovec_copy(thr_s_rs.partition_A(q_rope[None, None, 0]), c.r_q8)
         acc_o.fill(0.0)
         # the first pair's scores: group 0 tile 0, group 1 tile 1
@@ -512,6 +524,11 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             row0, num_splits, m_out, m_lse, m_part_o, m_part_lse, storage.s_q.data_ptr(),
             out_scale=kv_scale,
         )  # fmt: skip
+
+    @cute.jit
+    def _prepare_query(self, storage, tidx):
+        """The query block has landed; a kernel that multiplies in another type converts it
+        here (both consumer groups, before either scores). This one takes it as it is."""
 
     # -- the two groups' parts of a pair ------------------------------------------------------
 
@@ -734,7 +751,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             l_own[h] = l_own[h] + x
             if cutlass.const_expr(c.tok_scale is not None):
                 x = x * self._token_scale_of(c, i, pair, which)
-            y = x.to(BFloat16)
+            y = x.to(self.mma_dtype)
             r_pa[i] = y
             r_p[i] = y
 

@@ -45,15 +45,40 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils as utils
-from cutlass import BFloat16, Float32, Int32, Uint8, Uint32
+from cutlass import BFloat16, Float16, Float32, Int32, Uint8, Uint32
 from cutlass.cute.nvgpu import cpasync
+from cutlass.cutlass_dsl import dsl_user_op
+
+from tokenspeed.kernels.cute_ops.common import ptx_i32
 
 from .cute_decode_fp8 import widen_e4m3x2
+from .cute_seesaw import _BAR_CONSUMERS, _PAIR
 from .cute_seesaw_pairs import _RELEASERS, D_QK, PIECE, ROWS, MlaDecodeSeesawPairsSm90
 
 FP8_TILE = 32  # tokens per tile: two bf16 stages of them leave room for the FP8 ring
 _CHUNK = 16  # e4m3 values a thread widens at a time (one 16-byte shared load)
 SMEM_BYTES = 227 * 1024  # an SM90 CTA's shared memory
+# f16 products (``mma_f16``): the query is brought into f16 range scaled by 2^-4 (up to about
+# 1e6 in magnitude, and below 1e-3 still finer than its own bf16 rounding); the scores undo it
+Q_F16_SCALE = 2.0**-4
+
+# e4m3 -> f16 is one hardware conversion per pair (there is none to bf16): two of a word's
+# four bytes, the low (or high) 16 bits, to an f16x2 of the same values, exactly.
+_E4M3X2_TO_F16X2 = """{
+    .reg .b16 lo, hi;
+    mov.b32 {lo, hi}, $1;
+    cvt.rn.f16x2.e4m3x2 $0, HALF;
+}"""
+
+
+@dsl_user_op
+def e4m3x2_to_f16x2(word: Uint32, high: bool, *, loc=None, ip=None) -> Uint32:
+    """Bytes 0-1 (or 2-3 when ``high``) of ``word`` as an f16x2 of the same e4m3 values."""
+    word = Uint32(word).ir_value(loc=loc, ip=ip)
+    ptx = _E4M3X2_TO_F16X2.replace("HALF", "hi" if high else "lo")
+    return Uint32(ptx_i32(ptx, "=r,r", [word], side_effects=False, loc=loc, ip=ip))
+
+
 _WIDENERS = 128  # the producer warp group's threads, all of which widen
 
 
@@ -63,7 +88,7 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
 
     def __init__(
         self, page_block: int, fp8_stages: int, split: bool, write_lse: bool, per_token: bool,
-        ablation: str = "", widener_regs: int = 72,
+        ablation: str = "", widener_regs: int = 72, mma_f16: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(page_block, split, write_lse, tile=FP8_TILE, lazy_rescale=True)
         if fp8_stages < 2:
@@ -83,6 +108,11 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
         self.consumer_regs = (168 * 384 - 128 * widener_regs) // 256
         self.fp8_stages = fp8_stages
         self.per_token = per_token
+        # f16 products: the widening is one conversion per pair of values instead of about
+        # four integer ops and a multiply (e4m3 values are exact in f16 as in bf16; the query
+        # is converted once per CTA, P is finer). Tokens past the split's end are widened as
+        # zeros, since a NaN byte would reach the products as NaN here.
+        self.mma_dtype = Float16 if mma_f16 else BFloat16
 
     # -- host side ----------------------------------------------------------------------------
 
@@ -128,9 +158,15 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
             m1: cute.struct.MemRange[Float32, ROWS]
             scale1: cute.struct.MemRange[Float32, ROWS]
             row_sum: cute.struct.MemRange[Float32, 2 * ROWS]
-            s_kv: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kv_layout)], 1024]
-            s_q: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_layout)], 1024]
-            s_pa: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(p_layout)], 1024]
+            s_kv: cute.struct.Align[
+                cute.struct.MemRange[self.mma_dtype, cute.cosize(kv_layout)], 1024
+            ]
+            s_q: cute.struct.Align[
+                cute.struct.MemRange[self.mma_dtype, cute.cosize(q_layout)], 1024
+            ]
+            s_pa: cute.struct.Align[
+                cute.struct.MemRange[self.mma_dtype, cute.cosize(p_layout)], 1024
+            ]
             s_fp8: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(fp8_layout)], 128]
             # per-token scales: the stages' (token, stage), and bulk-copied beside each FP8
             # tile (token, slot); after the big blocks, which align to 1 KiB
@@ -231,19 +267,47 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
                 self._consume(
                     mma_s, mma_s0, mma_s_rs, mma_o, mma_o_rs, s_kv, s_q, s_pa,
                     v_layout, p_layout, q_bar, full, empty, storage, m_out, m_lse, m_part_o,
-                    m_part_lse, scale_log2, q_len, num_heads, num_splits, b, split,
-                    rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp,
-                    tok_scale=tok_scale,
+                    m_part_lse, scale_log2 * self._score_factor(), q_len, num_heads,
+                    num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles,
+                    tidx, warp, tok_scale=tok_scale,
                 )  # fmt: skip
             else:
                 kv_scale = m_scale[0]
                 self._consume(
                     mma_s, mma_s0, mma_s_rs, mma_o, mma_o_rs, s_kv, s_q, s_pa,
                     v_layout, p_layout, q_bar, full, empty, storage, m_out, m_lse, m_part_o,
-                    m_part_lse, scale_log2 * kv_scale, q_len, num_heads, num_splits, b, split,
-                    rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp,
-                    kv_scale=kv_scale,
+                    m_part_lse, scale_log2 * (kv_scale * self._score_factor()), q_len,
+                    num_heads, num_splits, b, split, rows_per_req, row0, start, end, seq_len,
+                    n_tiles, tidx, warp, kv_scale=kv_scale,
                 )  # fmt: skip
+
+    def _score_factor(self) -> float:
+        """What the scores are multiplied by besides the softmax scale: undoes the f16
+        query's scale."""
+        return 1.0 / Q_F16_SCALE if self.mma_dtype is Float16 else 1.0
+
+    @cute.jit
+    def _prepare_query(self, storage, tidx):
+        """With f16 products, the query block (copied as it is: bf16 bits) becomes f16 times
+        ``Q_F16_SCALE`` in place, eight values a thread at a time over both consumer groups,
+        before either scores."""
+        if cutlass.const_expr(self.mma_dtype is Float16):
+            per = 8
+            n = ROWS * D_QK
+            flat = storage.s_q.get_tensor(cute.make_layout(n))  # position does not matter
+            bits = cute.recast_tensor(flat, BFloat16)
+            q_bf = cute.make_rmem_tensor((per,), BFloat16)
+            q_f16 = cute.make_rmem_tensor((per,), Float16)
+            for k in cutlass.range_constexpr(n // (per * _PAIR)):
+                chunk = k * _PAIR + tidx
+                cute.autovec_copy(cute.local_tile(bits, (per,), (chunk,)), q_bf)
+                for e in cutlass.range_constexpr(per):
+                    q_f16[e] = (q_bf[e].to(Float32) * Q_F16_SCALE).to(Float16)
+                cute.autovec_copy(q_f16, cute.local_tile(flat, (per,), (chunk,)))
+            cute.arch.fence_proxy(
+                cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
+            )
+            cute.arch.barrier(barrier_id=_BAR_CONSUMERS, number_of_threads=_PAIR)
 
     @cute.jit
     def _load_and_widen(
@@ -294,7 +358,8 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
                                 tok_scale[wt, which] = Float32(cutlass.select_(
                                     live, slot_scale[wt, f_slot], Float32(0.0)))  # fmt: skip
                     if cutlass.const_expr(self.ablation != "no_widen"):
-                        self._widen_part(s_fp8, s_kv, f_slot, which, part, token, quarter)
+                        live = start + tile * self.tile + token < end
+                        self._widen_part(s_fp8, s_kv, f_slot, which, part, token, quarter, live)
                     # the wgmma reading this part is in the async proxy
                     cute.arch.fence_proxy(
                         cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
@@ -367,10 +432,12 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
         self._fp8_boxes(boxes, m_bt, b, start + (tile + 1) * self.tile, end, page_size, first)
 
     @cute.jit
-    def _widen_part(self, s_fp8, s_kv, f_slot, stage, part: cutlass.Constexpr, token, quarter):
+    def _widen_part(
+        self, s_fp8, s_kv, f_slot, stage, part: cutlass.Constexpr, token, quarter, live
+    ):  # fmt: skip
         """One thread's share of a part: token ``token``'s 16 dims ``quarter`` of each 64-dim
-        piece, from the FP8 slot into the bf16 stage (every load first, then widen and
-        store)."""
+        piece, from the FP8 slot into the 16-bit stage (every load first, then widen and
+        store). With f16 products a token past the split's end (not ``live``) is zeros."""
         first, last = self.part_pieces[part]
         pieces = last - first
         per_piece = PIECE // _CHUNK
@@ -381,12 +448,17 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
             chunk = (first + j) * per_piece + quarter
             cute.autovec_copy(cute.local_tile(src, (_CHUNK,), (chunk,)), r8[None, j])
         r32 = cute.make_rmem_tensor((_CHUNK // 2,), Uint32)  # a chunk as bf16 pairs
-        r16 = cute.recast_tensor(r32, BFloat16)
+        r16 = cute.recast_tensor(r32, self.mma_dtype)
         dst = s_kv[token, None, stage]
         for j in cutlass.range_constexpr(pieces):
             chunk = (first + j) * per_piece + quarter
             for w in cutlass.range_constexpr(_CHUNK // 4):
                 word = words[w, j]
-                r32[2 * w] = widen_e4m3x2(word, False)
-                r32[2 * w + 1] = widen_e4m3x2(word, True)
+                if cutlass.const_expr(self.mma_dtype is Float16):
+                    word = Uint32(cutlass.select_(live, word, Uint32(0)))
+                    r32[2 * w] = e4m3x2_to_f16x2(word, False)
+                    r32[2 * w + 1] = e4m3x2_to_f16x2(word, True)
+                else:
+                    r32[2 * w] = widen_e4m3x2(word, False)
+                    r32[2 * w + 1] = widen_e4m3x2(word, True)
             cute.autovec_copy(r16, cute.local_tile(dst, (_CHUNK,), (chunk,)))

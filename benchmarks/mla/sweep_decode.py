@@ -110,6 +110,9 @@ def variants(
         rings["pairs 2+2 ablation no_widen"] = {**pairs, "ablation": "no_widen"}
         for regs in (40, 56):
             rings[f"pairs 2+2 w{regs}"] = {**pairs, "fp8_stages": 2, "widener_regs": regs}
+        # f16 products: one conversion per pair of values (and with four FP8 slots)
+        rings["pairs 2+2 f16"] = {**pairs, "mma_dtype": "f16"}
+        rings["pairs 2+4 f16"] = {**pairs, "fp8_stages": 4, "mma_dtype": "f16"}
         for ring, cfg in rings.items():
             out.append((
                 f"cute fp8 ring {ring}",

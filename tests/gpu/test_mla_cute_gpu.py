@@ -332,8 +332,13 @@ def test_fp8_cache_more_than_32_rows(heads, q_len, per_token, layout):
 # -- FP8 cache, 64 rows a CTA (cute_seesaw_pairs_fp8.py): the pairs kernel behind an FP8 ring --
 
 
-# the plan's ring (two FP8 slots, 72 registers a widening thread) and a deeper one
-FP8_PAIRS_RINGS = {"ring2": {}, "ring4w40": {"fp8_stages": 4, "widener_regs": 40}}
+# the plan's ring (two FP8 slots, 72 registers a widening thread), a deeper one, and f16
+# products (widened by hardware conversion; past-the-end tokens as zeros)
+FP8_PAIRS_RINGS = {
+    "ring2": {},
+    "ring4w40": {"fp8_stages": 4, "widener_regs": 40},
+    "f16": {"mma_dtype": "f16"},
+}
 
 
 @pytest.mark.parametrize("ring", list(FP8_PAIRS_RINGS))
@@ -351,7 +356,30 @@ def test_fp8_pairs_ragged(heads, q_len, splits, per_token, ring):
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
-@pytest.mark.parametrize("layout", ["tokens", "pairs"])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_fp8_pairs_f16_query_range(per_token):
+    """f16 products take the query scaled by 2^-4: queries in the thousands (scores far past
+    f16's range before the softmax scale) and ones of 1e-3 still match the reference."""
+    lens = [900, 64, 333]
+    q, cache, tables, seq = _problem(lens, 64, 1, 64, seed=31)
+    scale = torch.ones(q.shape[-1], device="cuda")
+    scale[:64] = 3000.0  # some dims in the thousands ...
+    scale[64:128] = 1e-3  # ... some tiny
+    q = (q.float() * scale).bfloat16()
+    cache8, kv_scale = _fp8(cache, per_token)
+    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=kv_scale,
+                    config={"layout": "pairs", "mma_dtype": "f16"})  # fmt: skip
+    _check(out, lse, *_expected_fp8(q, cache8, kv_scale, tables, seq), seq)
+
+
+FP8_LAYOUTS = {
+    "tokens": {"layout": "tokens"},
+    "pairs": {"layout": "pairs"},
+    "pairs f16": {"layout": "pairs", "mma_dtype": "f16"},
+}
+
+
+@pytest.mark.parametrize("layout", list(FP8_LAYOUTS))
 @pytest.mark.parametrize("per_token", [False, True])
 def test_fp8_every_byte_widens_exactly(per_token, layout):
     """One live token per request, so each head's output is that token's value vector: every
@@ -374,7 +402,7 @@ def test_fp8_every_byte_widens_exactly(per_token, layout):
     seq = torch.ones(batch, dtype=torch.int32, device="cuda")
     q = (torch.randn(batch, 1, heads, 576, generator=gen, device="cuda") * 0.1).bfloat16()
     out, lse = _run(q, cache, tables, seq, num_splits=1, kv_scale=scale,
-                    config={"layout": layout})  # fmt: skip
+                    config=FP8_LAYOUTS[layout])  # fmt: skip
     token_scale = scale[:, 0] if per_token else scale.expand(batch)
     value = cache[:, 0, :512].float() * token_scale[:, None]
     assert torch.equal(out[:, 0].float(), value.bfloat16().float()[:, None, :].expand_as(out[:, 0]))

@@ -229,6 +229,11 @@ def test_cute_fp8_pairs_plan():
     assert (plan["stages"], plan["fp8_stages"], plan["page_block"]) == (2, 2, 32)
     assert (plan["rope_early"], plan["lazy_rescale"], plan["page_prefetch"]) == (0, 1, 0)
     assert plan["widener_regs"] == 72 and plan["converter_wgs"] == 1
+    assert plan["mma_dtype"] == "bf16"
+    f16 = configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={"mma_dtype": "f16"})
+    assert (f16["layout"], f16["mma_dtype"]) == ("pairs", "f16")
+    with pytest.raises(ValueError, match="'bf16' or 'f16'"):
+        configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={"mma_dtype": "fp8"})
     assert configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True)["layout"] == "tokens"
     mtp = configs.cute_decode_plan(8, 3, 16, 4096, 16, fp8=True)  # 48 rows: one block
     assert (mtp["layout"], mtp["row_blocks"], mtp["page_block"]) == ("pairs", 1, 16)
@@ -245,7 +250,8 @@ def test_cute_fp8_pairs_plan():
         configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={**pairs, "widener_regs": 64})
     with pytest.raises(ValueError, match="stages=2"):
         configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={**pairs, "stages": 3})
-    assert configs.cute_decode_plan(8, 1, 64, 4096, 64)["widener_regs"] == 0  # bf16: none
+    bf16_cache = configs.cute_decode_plan(8, 1, 64, 4096, 64)
+    assert (bf16_cache["widener_regs"], bf16_cache["mma_dtype"]) == (0, "bf16")
 
 
 def test_cute_decode_needs_hopper_and_cute_dsl():
@@ -296,7 +302,7 @@ def test_cute_decode_refuses_wrong_cache_and_scale_combinations_before_launching
 def test_cute_decode_builds_the_kernel_each_plan_names():
     """The plan-to-kernel step runs without a GPU: each layout's kernel object carries the
     plan's tile, rescale, page copies and block-table prefetch."""
-    pytest.importorskip("cutlass")
+    cutlass = pytest.importorskip("cutlass")
     from tokenspeed.mla import cute_decode
     from tokenspeed.mla.cute_decode_fp8 import MlaDecodeFp8Sm90
     from tokenspeed.mla.cute_seesaw import MlaDecodeSeesawSm90
@@ -329,3 +335,6 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     assert (fp8_pairs.copies_per_tile, fp8_pairs.parts, fp8_pairs.lazy_rescale) == (2, 2, True)
     # setmaxnreg moves registers within the launch's 168 x 384
     assert (fp8_pairs.widener_regs, fp8_pairs.consumer_regs) == (72, 216)
+    assert fp8_pairs.mma_dtype is cutlass.BFloat16
+    f16_plan = configs.cute_decode_plan(128, 1, 64, 4096, 64, fp8=True, config={"mma_dtype": "f16"})
+    assert build(f16_plan, fp8=True).mma_dtype is cutlass.Float16
