@@ -263,23 +263,20 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
             )  # fmt: skip
         else:
             cute.arch.warpgroup_reg_alloc(self.consumer_regs)
-            if cutlass.const_expr(self.per_token):
-                self._consume(
-                    mma_s, mma_s0, mma_s_rs, mma_o, mma_o_rs, s_kv, s_q, s_pa,
-                    v_layout, p_layout, q_bar, full, empty, storage, m_out, m_lse, m_part_o,
-                    m_part_lse, scale_log2 * self._score_factor(), q_len, num_heads,
-                    num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles,
-                    tidx, warp, tok_scale=tok_scale,
-                )  # fmt: skip
-            else:
+            # the scale per token goes to the consumers; one per tensor to the scores and
+            # the output (the query's f16 scale, if any, comes off the scores too)
+            score_scale = scale_log2 * self._score_factor()
+            scaling = {"tok_scale": tok_scale}
+            if cutlass.const_expr(not self.per_token):
                 kv_scale = m_scale[0]
-                self._consume(
-                    mma_s, mma_s0, mma_s_rs, mma_o, mma_o_rs, s_kv, s_q, s_pa,
-                    v_layout, p_layout, q_bar, full, empty, storage, m_out, m_lse, m_part_o,
-                    m_part_lse, scale_log2 * (kv_scale * self._score_factor()), q_len,
-                    num_heads, num_splits, b, split, rows_per_req, row0, start, end, seq_len,
-                    n_tiles, tidx, warp, kv_scale=kv_scale,
-                )  # fmt: skip
+                score_scale = score_scale * kv_scale
+                scaling = {"kv_scale": kv_scale}
+            self._consume(
+                mma_s, mma_s0, mma_s_rs, mma_o, mma_o_rs, s_kv, s_q, s_pa, v_layout, p_layout,
+                q_bar, full, empty, storage, m_out, m_lse, m_part_o, m_part_lse, score_scale,
+                q_len, num_heads, num_splits, b, split, rows_per_req, row0, start, end, seq_len,
+                n_tiles, tidx, warp, **scaling,
+            )  # fmt: skip
 
     def _score_factor(self) -> float:
         """What the scores are multiplied by besides the softmax scale: undoes the f16
