@@ -7,10 +7,12 @@ four blocks of 32 rows, each streaming the whole cache. Here one CTA owns 64 row
 bf16 pairs kernel does, and its consumers are that kernel's, unchanged but for the scale:
 1.33-1.36x faster at 64 and 128 heads on the H200 (docs/mla.md).
 
-wgmma multiplies bf16 by bf16, so every FP8 tile is widened to bf16 in shared memory first.
-What makes the room for both rings: the bf16 ring holds one pair of 32-token tiles (two 36 KiB
-stages), and the look-ahead lives in the FP8 ring behind it (``fp8_stages`` slots of 32 tokens,
-18 KiB each), half the bytes of the same tokens in bf16. Shared memory: query 72 KiB + bf16
+wgmma multiplies 16-bit types (FP8 by FP8 would need an FP8 query and P), so every FP8 tile
+is widened in shared memory first: to f16 by default (``mma_f16``), one hardware conversion
+per pair of values, 10-13 % faster than bf16, which has no such conversion. What makes the
+room for both rings: the 16-bit ring holds one pair of 32-token tiles (two 36 KiB stages), and
+the look-ahead lives in the FP8 ring behind it (``fp8_stages`` slots of 32 tokens, 18 KiB
+each), half the bytes of the same tokens widened. Shared memory: query 72 KiB + 16-bit
 ring 72 KiB + ``P_A`` 8 KiB + two FP8 slots 36 KiB (four fit, and measured slower). Per stage
 the parts (lo: dims 0-255, hi: dims 256-575) are filled and released as in the bf16 kernel, so
 a consumer's release to the part's refill is a widening from shared memory, not a load from
@@ -22,13 +24,15 @@ The producer warp group (most of its registers given to the consumers) does the 
   contiguous 576-byte rows: one ``cp.async.bulk`` per page block, with its per-token scales
   beside it) into the FP8 ring, as soon as the slot's last reader is done;
 * all four warps widen each part, in the order the consumers release them (A lo, A hi, B hi,
-  B lo), with ``widen_e4m3x2`` (exact: the tile holds the cached values), and copy a tile's
-  32 scales beside its stage.
+  B lo), exactly (the tile holds the cached values: ``e4m3x2_to_f16x2``, or ``widen_e4m3x2``
+  for bf16), and copy a tile's 32 scales beside its stage.
 
 The widening is what this kernel's time is made of: without it (``ablation="no_widen"``) it
-would take 152-164 us at 64 heads instead of 222 us. Giving the widening threads 72 registers
-instead of 40 (the consumers keep 216) took 5-7 % off; a third bf16 stage, so that a tile is
-widened a pair ahead instead of just in time, was slower (docs/mla.md).
+would take 152-164 us at 64 heads instead of 201 us (f16; 222 us widening to bf16). Giving
+the widening threads 72 registers instead of 40 (the consumers keep 216) took 5-7 % off; a
+third bf16 stage, so that a tile is widened a pair ahead instead of just in time, was slower
+(docs/mla.md). With f16 products the query is converted in shared memory once per CTA, times
+``Q_F16_SCALE`` so that bf16 queries up to about 1e6 stay in f16's range.
 
 The scale is applied by the consumers in float32 (``cute_seesaw_pairs``'s ``tok_scale`` /
 ``kv_scale``): per token to the scores and to the probabilities that meet V; per tensor to
@@ -55,7 +59,7 @@ from .cute_decode_fp8 import widen_e4m3x2
 from .cute_seesaw import _BAR_CONSUMERS, _PAIR
 from .cute_seesaw_pairs import _RELEASERS, D_QK, PIECE, ROWS, MlaDecodeSeesawPairsSm90
 
-FP8_TILE = 32  # tokens per tile: two bf16 stages of them leave room for the FP8 ring
+FP8_TILE = 32  # tokens per tile: two 16-bit stages of them leave room for the FP8 ring
 _CHUNK = 16  # e4m3 values a thread widens at a time (one 16-byte shared load)
 SMEM_BYTES = 227 * 1024  # an SM90 CTA's shared memory
 # f16 products (``mma_f16``): the query is brought into f16 range scaled by 2^-4 (up to about
@@ -79,6 +83,28 @@ def e4m3x2_to_f16x2(word: Uint32, high: bool, *, loc=None, ip=None) -> Uint32:
     return Uint32(ptx_i32(ptx, "=r,r", [word], side_effects=False, loc=loc, ip=ip))
 
 
+# The query's bf16 pair to f16 times Q_F16_SCALE (2^-4, 0f3D800000), multiplied in f32: written
+# as ``(x.to(Float32) * Q_F16_SCALE).to(Float16)`` the compiler narrowed the multiply to an f16
+# HMUL2 after the conversion, so a query value past 65504 became inf (caught on the H200).
+_BF16X2_TO_F16X2_SCALED = """{
+    .reg .b32 lo, hi;
+    shl.b32 lo, $1, 16;
+    and.b32 hi, $1, 0xFFFF0000;
+    mul.rn.f32 lo, lo, 0f3D800000;
+    mul.rn.f32 hi, hi, 0f3D800000;
+    cvt.rn.f16x2.f32 $0, hi, lo;
+}"""
+assert Q_F16_SCALE == 2.0**-4  # the constant above
+
+
+@dsl_user_op
+def bf16x2_to_f16x2_scaled(word: Uint32, *, loc=None, ip=None) -> Uint32:
+    """A bf16x2 as the f16x2 of its values times ``Q_F16_SCALE``, rounded once."""
+    word = Uint32(word).ir_value(loc=loc, ip=ip)
+    ptx = _BF16X2_TO_F16X2_SCALED
+    return Uint32(ptx_i32(ptx, "=r,r", [word], side_effects=False, loc=loc, ip=ip))
+
+
 _WIDENERS = 128  # the producer warp group's threads, all of which widen
 
 
@@ -93,12 +119,12 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
         super().__init__(page_block, split, write_lse, tile=FP8_TILE, lazy_rescale=True)
         if fp8_stages < 2:
             raise ValueError(f"fp8_stages={fp8_stages}: the FP8 ring needs two slots or more")
-        # Benchmark-only: "no_widen" leaves the bf16 ring as it is (the results are wrong), so
+        # Benchmark-only: "no_widen" leaves the 16-bit ring as it is (the results are wrong), so
         # what the widening costs shows.
         if ablation not in ("", "no_widen"):
             raise ValueError(f"the FP8 pairs kernel has no ablation {ablation!r}")
         self.ablation = ablation
-        self.ring_pairs = 1  # one pair of bf16 stages; the FP8 ring holds the look-ahead
+        self.ring_pairs = 1  # one pair of 16-bit stages; the FP8 ring holds the look-ahead
         self.stages = 2
         # registers per thread after setmaxnreg: 2 x 128 consumers + 128 wideners share the
         # 168 x 384 the launch holds (232 + 40, 224 + 56 or 216 + 72)
@@ -295,11 +321,13 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
             bits = cute.recast_tensor(flat, BFloat16)
             q_bf = cute.make_rmem_tensor((per,), BFloat16)
             q_f16 = cute.make_rmem_tensor((per,), Float16)
+            bf_words = cute.recast_tensor(q_bf, Uint32)
+            f16_words = cute.recast_tensor(q_f16, Uint32)
             for k in cutlass.range_constexpr(n // (per * _PAIR)):
                 chunk = k * _PAIR + tidx
                 cute.autovec_copy(cute.local_tile(bits, (per,), (chunk,)), q_bf)
-                for e in cutlass.range_constexpr(per):
-                    q_f16[e] = (q_bf[e].to(Float32) * Q_F16_SCALE).to(Float16)
+                for e in cutlass.range_constexpr(per // 2):
+                    f16_words[e] = bf16x2_to_f16x2_scaled(bf_words[e])
                 cute.autovec_copy(q_f16, cute.local_tile(flat, (per,), (chunk,)))
             cute.arch.fence_proxy(
                 cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
@@ -313,7 +341,7 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
         row0, start, end, n_tiles, page_size, wt, warp,
     ):  # fmt: skip
         """The producer warp group (``wt``: its thread 0-127). Its first warp loads the query
-        and keeps the FP8 ring full; all four widen every part of every tile into the bf16
+        and keeps the FP8 ring full; all four widen every part of every tile into the 16-bit
         ring as soon as the consumers have released it.
 
         Thread ``wt`` widens token ``wt // 4`` of each part, 16 dims in every 64 (``wt % 4``
@@ -444,7 +472,7 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
         for j in cutlass.range_constexpr(pieces):
             chunk = (first + j) * per_piece + quarter
             cute.autovec_copy(cute.local_tile(src, (_CHUNK,), (chunk,)), r8[None, j])
-        r32 = cute.make_rmem_tensor((_CHUNK // 2,), Uint32)  # a chunk as bf16 pairs
+        r32 = cute.make_rmem_tensor((_CHUNK // 2,), Uint32)  # a chunk as 16-bit pairs
         r16 = cute.recast_tensor(r32, self.mma_dtype)
         dst = s_kv[token, None, stage]
         for j in cutlass.range_constexpr(pieces):
