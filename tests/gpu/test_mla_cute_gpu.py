@@ -332,12 +332,12 @@ def test_fp8_cache_more_than_32_rows(heads, q_len, per_token, layout):
 # -- FP8 cache, 64 rows a CTA (cute_seesaw_pairs_fp8.py): the pairs kernel behind an FP8 ring --
 
 
-# the plan's ring (two FP8 slots, 72 registers a widening thread), a deeper one, and f16
-# products (widened by hardware conversion; past-the-end tokens as zeros)
+# the plan's ring (two FP8 slots, 72 registers a widening thread, f16 products: widened by
+# hardware conversion, past-the-end tokens as zeros), a deeper one, and bf16 products
 FP8_PAIRS_RINGS = {
     "ring2": {},
     "ring4w40": {"fp8_stages": 4, "widener_regs": 40},
-    "f16": {"mma_dtype": "f16"},
+    "bf16": {"mma_dtype": "bf16"},
 }
 
 
@@ -375,7 +375,7 @@ def test_fp8_pairs_f16_query_range(per_token):
 FP8_LAYOUTS = {
     "tokens": {"layout": "tokens"},
     "pairs": {"layout": "pairs"},
-    "pairs f16": {"layout": "pairs", "mma_dtype": "f16"},
+    "pairs bf16": {"layout": "pairs", "mma_dtype": "bf16"},
 }
 
 

@@ -229,9 +229,9 @@ def test_cute_fp8_pairs_plan():
     assert (plan["stages"], plan["fp8_stages"], plan["page_block"]) == (2, 2, 32)
     assert (plan["rope_early"], plan["lazy_rescale"], plan["page_prefetch"]) == (0, 1, 0)
     assert plan["widener_regs"] == 72 and plan["converter_wgs"] == 1
-    assert plan["mma_dtype"] == "bf16"
-    f16 = configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={"mma_dtype": "f16"})
-    assert (f16["layout"], f16["mma_dtype"]) == ("pairs", "f16")
+    assert plan["mma_dtype"] == "f16"
+    bf16 = configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={"mma_dtype": "bf16"})
+    assert (bf16["layout"], bf16["mma_dtype"]) == ("pairs", "bf16")
     with pytest.raises(ValueError, match="'bf16' or 'f16'"):
         configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={"mma_dtype": "fp8"})
     assert configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True)["layout"] == "tokens"
@@ -335,6 +335,7 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     assert (fp8_pairs.copies_per_tile, fp8_pairs.parts, fp8_pairs.lazy_rescale) == (2, 2, True)
     # setmaxnreg moves registers within the launch's 168 x 384
     assert (fp8_pairs.widener_regs, fp8_pairs.consumer_regs) == (72, 216)
-    assert fp8_pairs.mma_dtype is cutlass.BFloat16
-    f16_plan = configs.cute_decode_plan(128, 1, 64, 4096, 64, fp8=True, config={"mma_dtype": "f16"})
-    assert build(f16_plan, fp8=True).mma_dtype is cutlass.Float16
+    assert fp8_pairs.mma_dtype is cutlass.Float16
+    bf16_plan = configs.cute_decode_plan(128, 1, 64, 4096, 64, fp8=True,
+                                         config={"mma_dtype": "bf16"})  # fmt: skip
+    assert build(bf16_plan, fp8=True).mma_dtype is cutlass.BFloat16
