@@ -257,11 +257,9 @@ def cute_decode_plan(
             cfg = {"stages": 2, "fp8_stages": 2, "converter_wgs": 1, "tile": FP8_PAIRS_TILE,
                    "rope_early": 0, "widener_regs": 72, "mma_dtype": "f16", **cfg}  # fmt: skip
             if int(cfg["stages"]) != 2:
-                raise ValueError("the FP8 pairs decode's bf16 ring is one pair: stages=2")
+                raise ValueError("the FP8 pairs decode's 16-bit ring is one pair: stages=2")
             if int(cfg["widener_regs"]) not in (40, 56, 72):
                 raise ValueError(f"widener_regs={cfg['widener_regs']}: 40, 56 or 72")
-            if cfg["mma_dtype"] not in ("bf16", "f16"):
-                raise ValueError(f"mma_dtype={cfg['mma_dtype']!r}: 'bf16' or 'f16'")
         elif fp8_layout != "tokens":
             raise ValueError(
                 f"layout={fp8_layout!r}: the FP8 CuTe decode takes 'tokens' or 'pairs'"
@@ -269,9 +267,13 @@ def cute_decode_plan(
         else:
             if int(cfg.get("rows", 32)) not in (16, 32):
                 raise ValueError(f"rows={cfg['rows']}: the FP8 CuTe decode takes 16 or 32 per CTA")
-            # more rows than 32 run in blocks of 32, each CTA reading its split of the cache
+            # more rows than 32 run in blocks of 32, each CTA reading its split of the cache;
+            # f16 products (one conversion per pair of values): 8-10 % faster than bf16 (H200)
             cfg = {"stages": 2, "fp8_stages": 1, "converter_wgs": 2, "wgs": 1,
-                   "layout": "tokens", "rows": 16 if rows_per_req <= 16 else 32, **cfg}  # fmt: skip
+                   "layout": "tokens", "rows": 16 if rows_per_req <= 16 else 32,
+                   "mma_dtype": "f16", **cfg}  # fmt: skip
+        if cfg["mma_dtype"] not in ("bf16", "f16"):
+            raise ValueError(f"mma_dtype={cfg['mma_dtype']!r}: 'bf16' or 'f16'")
     layout = str(cfg.get("layout", "tokens" if rows_per_req <= 32 else "pairs"))
     if layout not in ("tokens", "heads", "pairs"):
         raise ValueError(f"layout={layout!r}: expected 'tokens', 'heads' or 'pairs'")
@@ -354,8 +356,8 @@ def cute_decode_plan(
         "persistent": persistent,
         # the FP8 pairs kernel's widening threads' registers (its consumers get the rest)
         "widener_regs": int(cfg["widener_regs"]) if fp8 and layout == "pairs" else 0,
-        # ... and the type its products multiply in (the others: bf16)
-        "mma_dtype": str(cfg["mma_dtype"]) if fp8 and layout == "pairs" else "bf16",
+        # the type the FP8 kernels' products multiply in (a bf16 cache's: bf16)
+        "mma_dtype": str(cfg["mma_dtype"]) if fp8 else "bf16",
         "ctas": ctas,
         "workspace_bytes": workspace,
     }

@@ -251,6 +251,8 @@ class KvRingProducer:
 class MlaDecodeSm90(KvRingProducer):
     """One compiled decode variant: row block, consumer warp groups, page copy size, stages."""
 
+    mma_dtype: type = BFloat16  # what both products multiply (an FP8 cache may widen to f16)
+
     def __init__(
         self, rows: int, consumer_wgs: int, page_block: int, stages: int, split: bool,
         write_lse: bool, ablation: str = "", evict_first: bool = False,
@@ -337,23 +339,24 @@ class MlaDecodeSm90(KvRingProducer):
     def _mmas_and_layouts(self):
         """Both products' tiled MMAs (``s^T`` and ``o^T``) and the shared-memory layouts they
         read: the KV ring, its transposed V view, the query block and ``p^T``."""
+        dt = self.mma_dtype
         mma_s = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
             Float32, (1, 1, 1), tiler_mn=(TILE, self.rows_per_wg),
         )  # fmt: skip
         mma_o = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.K,
+            dt, dt, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.K,
             Float32, (1, 1, 1), tiler_mn=(TILE, self.rows),
         )  # fmt: skip
         row_major = utils.LayoutEnum.ROW_MAJOR
         kv_layout = sm90_utils.make_smem_layout_a(
-            row_major, (TILE, self.rows, D_QK), BFloat16, self.stages
+            row_major, (TILE, self.rows, D_QK), dt, self.stages
         )
         vt_layout = sm90_utils.make_smem_layout_a(
-            utils.LayoutEnum.COL_MAJOR, (D_LATENT, self.rows, TILE), BFloat16, 1
+            utils.LayoutEnum.COL_MAJOR, (D_LATENT, self.rows, TILE), dt, 1
         )
-        q_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, D_QK), BFloat16, 1)
-        p_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, TILE), BFloat16, 1)
+        q_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, D_QK), dt, 1)
+        p_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, TILE), dt, 1)
         return mma_s, mma_o, kv_layout, vt_layout, q_layout, p_layout
 
     @cute.jit
@@ -507,7 +510,7 @@ class MlaDecodeSm90(KvRingProducer):
         # p^T is written where the accumulator of s^T sits: view s_p as (token, row).
         s_p_tr = cute.make_tensor(s_p.iterator, cute.select(s_p.layout, mode=[1, 0, 2]))
         c.t_sp = c.thr_s.partition_C(cute.local_tile(s_p_tr[None, None, 0], (TILE, rpw), (0, wg)))
-        c.r_p = cute.make_rmem_tensor_like(c.acc_s, BFloat16)
+        c.r_p = cute.make_rmem_tensor_like(c.acc_s, self.mma_dtype)
         # -- second product: o^T (this warp group's 512 / wgs dims, all rows) -------------------
         c.thr_o = mma_o.get_slice(wg_tidx)
         c.r_ob = mma_o.make_fragment_B(c.thr_o.partition_B(s_p[None, None, 0]))  # (MMA, 1, 4)
@@ -612,9 +615,9 @@ class MlaDecodeSm90(KvRingProducer):
                 p = Float32(cute.math.exp2(acc_s[i] - m_use[j], fastmath=True))
                 l_i[j] = l_i[j] + p
                 if cutlass.const_expr(s_tok_scale is not None):
-                    c.r_p[i] = (p * tok_scale[(i // 2) % 2]).to(BFloat16)
+                    c.r_p[i] = (p * tok_scale[(i // 2) % 2]).to(self.mma_dtype)
                 else:
-                    c.r_p[i] = p.to(BFloat16)
+                    c.r_p[i] = p.to(self.mma_dtype)
             if cutlass.const_expr(self.wgs > 1):  # the other group may still read p^T / alpha
                 cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
             cute.autovec_copy(c.r_p, c.t_sp)
@@ -765,6 +768,7 @@ def decode_kernel(spec: dict[str, Any]) -> Any:
         kernel = MlaDecodeFp8Sm90(
             spec["rows"], spec["page_block"], spec["stages"], spec["fp8_stages"], spec["split"],
             spec["write_lse"], spec["per_token"], spec["converter_wgs"], spec["ablation"],
+            spec["mma_dtype"] == "f16",
         )  # fmt: skip
     elif spec["persistent"]:
         from .cute_decode_persistent import MlaDecodePersistentSm90

@@ -1,27 +1,31 @@
 """Absorbed-MLA decode over an FP8 (e4m3) latent cache for Hopper (SM90), in CuTe DSL.
 
 The bf16 kernel of ``cute_decode.py`` (KV tokens on the MMA M axis, 16 or 32 query rows per
-CTA) with one more stage in front of it. wgmma multiplies bf16 by bf16, so the FP8 tile has
-to become bf16 in shared memory before either product can read it; doing that in the warp
-group that runs the products would put the conversion on its critical path, so a third role
-does it:
+CTA) with one more stage in front of it. wgmma multiplies 16-bit types (FP8 by FP8 would need
+an FP8 query and P), so the FP8 tile has to be widened in shared memory before either product
+can read it; doing that in the warp group that runs the products would put the conversion on
+its critical path, so a third role does it:
 
-* a loader warp copies each 64-token FP8 tile (36 KiB: half a bf16 tile) with bulk copies,
-  one per page block (a page's tokens are contiguous rows of 576 bytes), into a ring of
-  ``fp8_stages`` slots;
+* a loader warp copies each 64-token FP8 tile (36 KiB: half a widened tile) with bulk
+  copies, one per page block (a page's tokens are contiguous rows of 576 bytes), into a ring
+  of ``fp8_stages`` slots;
 * one or two converter warp groups read a slot into registers, release it (so the next
-  load starts), and widen it exactly into a bf16 tile of the MMA ring: the raw e4m3 values,
-  which bf16 holds without rounding (``widen_e4m3x2``), plus each token's scale beside the
-  tile when scales are per token;
+  load starts), and widen it exactly into a 16-bit tile of the MMA ring: the raw e4m3 values,
+  which f16 and bf16 both hold without rounding, plus each token's scale beside the tile
+  when scales are per token. To f16 by default (``mma_f16``: one hardware conversion per pair
+  of values, ``e4m3x2_to_f16x2``; 8-10 % faster on the H200), or to bf16 (``widen_e4m3x2``:
+  a byte permute, three integer ops and a multiply per pair);
 * the consumer warp group is ``MlaDecodeSm90``'s: scores, online softmax and the product
-  with V over the bf16 tile, with the scale applied there in float32 (folded into the
-  softmax scale and the output, or per token into the scores and P).
+  with V over the widened tile, with the scale applied there in float32 (folded into the
+  softmax scale and the output, or per token into the scores and P). With f16 products it
+  first converts the query block to f16 in place (``query_to_f16``, scaled by
+  ``Q_F16_SCALE`` to keep large queries in range; the scores undo it).
 
-Shared memory (32 rows): query 36 KiB + ``stages`` bf16 tiles of 72 KiB + P 4 KiB +
-``fp8_stages`` FP8 slots of 36 KiB: two bf16 tiles and one FP8 slot, or one and three. The
-plan's default (two and one, two converter groups) measured fastest (docs/mla.md). With the
-cheap widening the conversion is no longer the limit; one 36 KiB FP8 tile in flight per SM
-is (the loads alone, without the products, reach about half the copy bandwidth).
+Shared memory (32 rows): query 36 KiB + ``stages`` 16-bit tiles of 72 KiB + P 4 KiB +
+``fp8_stages`` FP8 slots of 36 KiB: two 16-bit tiles and one FP8 slot, or one and three. The
+plan's default (two and one, two converter groups) measured fastest (docs/mla.md). Without
+the products the loads, widening and hand-over alone take 106-109 us at 16 and 32 heads
+(about two thirds of the copy bandwidth); the products add 13-30 %.
 
 Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; bf16 query, e4m3 cache with a float32
 scale per tensor (one element) or per token. The launch wrapper is ``cute_decode.mla_decode``.
@@ -34,7 +38,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-from cutlass import BFloat16, Float32, Int32, Uint8, Uint32
+from cutlass import BFloat16, Float16, Float32, Int32, Uint8, Uint32
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import dsl_user_op
 
@@ -73,12 +77,78 @@ def widen_e4m3x2(word: Uint32, high: bool, *, loc=None, ip=None) -> Uint32:
     return Uint32(ptx_i32(ptx, "=r,r", [word], side_effects=False, loc=loc, ip=ip))
 
 
+# f16 products (``mma_f16``): the query is brought into f16's range scaled by 2^-4 (up to about
+# 1e6 in magnitude, and below 1e-3 still finer than its own bf16 rounding); the scores undo it
+Q_F16_SCALE = 2.0**-4
+
+# e4m3 -> f16 is one hardware conversion per pair (there is none to bf16): two of a word's
+# four bytes, the low (or high) 16 bits, to an f16x2 of the same values, exactly.
+_E4M3X2_TO_F16X2 = """{
+    .reg .b16 lo, hi;
+    mov.b32 {lo, hi}, $1;
+    cvt.rn.f16x2.e4m3x2 $0, HALF;
+}"""
+
+
+@dsl_user_op
+def e4m3x2_to_f16x2(word: Uint32, high: bool, *, loc=None, ip=None) -> Uint32:
+    """Bytes 0-1 (or 2-3 when ``high``) of ``word`` as an f16x2 of the same e4m3 values."""
+    word = Uint32(word).ir_value(loc=loc, ip=ip)
+    ptx = _E4M3X2_TO_F16X2.replace("HALF", "hi" if high else "lo")
+    return Uint32(ptx_i32(ptx, "=r,r", [word], side_effects=False, loc=loc, ip=ip))
+
+
+# The query's bf16 pair to f16 times Q_F16_SCALE (2^-4, 0f3D800000), multiplied in f32: written
+# as ``(x.to(Float32) * Q_F16_SCALE).to(Float16)`` the compiler narrowed the multiply to an f16
+# HMUL2 after the conversion, so a query value past 65504 became inf (caught on the H200).
+_BF16X2_TO_F16X2_SCALED = """{
+    .reg .b32 lo, hi;
+    shl.b32 lo, $1, 16;
+    and.b32 hi, $1, 0xFFFF0000;
+    mul.rn.f32 lo, lo, 0f3D800000;
+    mul.rn.f32 hi, hi, 0f3D800000;
+    cvt.rn.f16x2.f32 $0, hi, lo;
+}"""
+assert Q_F16_SCALE == 2.0**-4  # the constant above
+
+
+@dsl_user_op
+def bf16x2_to_f16x2_scaled(word: Uint32, *, loc=None, ip=None) -> Uint32:
+    """A bf16x2 as the f16x2 of its values times ``Q_F16_SCALE``, rounded once."""
+    word = Uint32(word).ir_value(loc=loc, ip=ip)
+    ptx = _BF16X2_TO_F16X2_SCALED
+    return Uint32(ptx_i32(ptx, "=r,r", [word], side_effects=False, loc=loc, ip=ip))
+
+
+@cute.jit
+def query_to_f16(flat: cute.Tensor, tidx: Int32, threads: cutlass.Constexpr):
+    """The query block in shared memory (bf16 bits, as its copy brought it; ``flat``: a 1-D
+    view, as an element's position does not matter) becomes f16 times ``Q_F16_SCALE`` in
+    place, eight values a thread at a time over ``threads`` threads, fenced for the async
+    proxy; the caller syncs those threads before any product reads it."""
+    per = 8
+    n = cute.size(flat)
+    bits = cute.recast_tensor(flat, BFloat16)
+    q_bf = cute.make_rmem_tensor((per,), BFloat16)
+    q_f16 = cute.make_rmem_tensor((per,), Float16)
+    bf_words = cute.recast_tensor(q_bf, Uint32)
+    f16_words = cute.recast_tensor(q_f16, Uint32)
+    for k in cutlass.range_constexpr(n // (per * threads)):
+        chunk = k * threads + tidx
+        cute.autovec_copy(cute.local_tile(bits, (per,), (chunk,)), q_bf)
+        for e in cutlass.range_constexpr(per // 2):
+            f16_words[e] = bf16x2_to_f16x2_scaled(bf_words[e])
+        cute.autovec_copy(q_f16, cute.local_tile(flat, (per,), (chunk,)))
+    cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta)
+
+
 class MlaDecodeFp8Sm90(MlaDecodeSm90):
     """One compiled FP8 variant: rows (16/32), page copy size, ring depths, scale kind."""
 
     def __init__(
         self, rows: int, page_block: int, stages: int, fp8_stages: int, split: bool,
         write_lse: bool, per_token: bool, converter_wgs: int = 1, ablation: str = "",
+        mma_f16: bool = False,
     ) -> None:  # fmt: skip
         if rows not in (16, 32):
             raise ValueError(f"rows={rows}: the FP8 decode takes 16 or 32 rows per CTA")
@@ -94,6 +164,10 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
         self.converter_warp = 4
         self.producer_warp = 4 + 4 * converter_wgs
         self.threads = (2 + converter_wgs) * 128
+        # f16 products: the converters widen by one hardware conversion per pair of values
+        # (tokens past the split's end as zeros: a NaN byte would reach the products as NaN);
+        # the consumer converts the query block once (``query_to_f16``)
+        self.mma_dtype = Float16 if mma_f16 else BFloat16
 
     # -- host side ----------------------------------------------------------------------------
 
@@ -135,9 +209,15 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
             alpha: cute.struct.MemRange[Float32, self.rows]
             row_max: cute.struct.MemRange[Float32, self.rows]
             row_sum: cute.struct.MemRange[Float32, self.rows]
-            s_kv: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kv_layout)], 1024]
-            s_q: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_layout)], 1024]
-            s_p: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(p_layout)], 1024]
+            s_kv: cute.struct.Align[
+                cute.struct.MemRange[self.mma_dtype, cute.cosize(kv_layout)], 1024
+            ]
+            s_q: cute.struct.Align[
+                cute.struct.MemRange[self.mma_dtype, cute.cosize(q_layout)], 1024
+            ]
+            s_p: cute.struct.Align[
+                cute.struct.MemRange[self.mma_dtype, cute.cosize(p_layout)], 1024
+            ]
             s_fp8: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(fp8_layout)], 128]
             tok_scale: cute.struct.MemRange[Float32, TILE * self.stages]
 
@@ -219,7 +299,9 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
             defer_sync=True,
         )
         self._init_query_barrier(warp, q_bar)
-        s_stage = storage.s_q.data_ptr()  # the output's staging, once the query is spent
+        # the output's staging (bf16 rows), once the query block (bf16 or f16) is spent
+        s_stage = cute.recast_ptr(storage.s_q.data_ptr(), dtype=BFloat16)
+        q_flat = storage.s_q.get_tensor(cute.make_layout(self.rows * D_QK))
 
         if warp >= self.producer_warp:
             cute.arch.warpgroup_reg_dealloc(40)
@@ -238,7 +320,7 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
                 mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
                 s_sum, m_out, m_lse, m_part_o, m_part_lse, m_scale, s_tok_scale, scale_log2,
                 q_len, num_heads, num_splits, b, split, rows_per_req, row0, start, end,
-                seq_len, n_tiles, tidx, warp, lane, s_stage,
+                seq_len, n_tiles, tidx, warp, lane, s_stage, q_flat,
             )  # fmt: skip
 
     @cute.jit
@@ -246,10 +328,16 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
         self, mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
         s_sum, m_out, m_lse, m_part_o, m_part_lse, m_scale, s_tok_scale, scale_log2, q_len,
         num_heads, num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles,
-        tidx, warp, lane, s_stage,
+        tidx, warp, lane, s_stage, q_flat,
     ):  # fmt: skip
         """The bf16 kernel's consumer over tiles of raw e4m3 values: the scale is applied
-        here, in float32 (per token from ``s_tok_scale``, or the tensor's)."""
+        here, in float32 (per token from ``s_tok_scale``, or the tensor's). With f16 products
+        it first converts the query block (``q_flat``) and takes its scale off the scores."""
+        if cutlass.const_expr(self.mma_dtype is Float16):
+            cute.arch.mbarrier_wait(q_bar, 0)  # (the consumer's own wait then passes at once)
+            query_to_f16(q_flat, tidx, self.consumer_threads)
+            cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
+            scale_log2 = scale_log2 * (1.0 / Q_F16_SCALE)
         if cutlass.const_expr(self.per_token):
             scaling = {"s_tok_scale": s_tok_scale}
         else:
@@ -343,8 +431,8 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
             scale = self._token_scale(m_scale, m_bt, b, start + token, end, page_size)
         r8 = cute.make_rmem_tensor((per_part,), Uint8)
         words = cute.recast_tensor(r8, Uint32)  # four e4m3 values each
-        r32 = cute.make_rmem_tensor((_CHUNK // 2,), Uint32)  # a chunk as bf16 pairs
-        r16 = cute.recast_tensor(r32, BFloat16)
+        r32 = cute.make_rmem_tensor((_CHUNK // 2,), Uint32)  # a chunk as 16-bit pairs
+        r16 = cute.recast_tensor(r32, self.mma_dtype)
         in_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                 self.fp8_stages)  # fmt: skip
         out_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
@@ -363,11 +451,17 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
                 if part == 0:
                     s_tok_scale[token, out_state.index] = tok_scale
             dst = s_kv[token, None, out_state.index]
+            live = start + tile * TILE + token < end
             for k in cutlass.range_constexpr(chunks):
                 for w in cutlass.range_constexpr(_CHUNK // 4):
                     word = words[k * (_CHUNK // 4) + w]
-                    r32[2 * w] = widen_e4m3x2(word, False)
-                    r32[2 * w + 1] = widen_e4m3x2(word, True)
+                    if cutlass.const_expr(self.mma_dtype is Float16):
+                        word = Uint32(cutlass.select_(live, word, Uint32(0)))
+                        r32[2 * w] = e4m3x2_to_f16x2(word, False)
+                        r32[2 * w + 1] = e4m3x2_to_f16x2(word, True)
+                    else:
+                        r32[2 * w] = widen_e4m3x2(word, False)
+                        r32[2 * w + 1] = widen_e4m3x2(word, True)
                 cute.autovec_copy(r16, cute.local_tile(dst, (_CHUNK,), (part * chunks + k,)))
             # the wgmma reading this tile is in the async proxy
             cute.arch.fence_proxy(

@@ -521,7 +521,8 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
 
         self._finish_rows(
             acc_o, coords_o, l_own, m_run, s_sum, my_rows, wg, c.lane, b, split, rows_per_req,
-            row0, num_splits, m_out, m_lse, m_part_o, m_part_lse, storage.s_q.data_ptr(),
+            row0, num_splits, m_out, m_lse, m_part_o, m_part_lse,
+            cute.recast_ptr(storage.s_q.data_ptr(), dtype=BFloat16),  # (its query: bf16 or f16)
             out_scale=kv_scale,
         )  # fmt: skip
 

@@ -51,60 +51,14 @@ import cutlass.cute as cute
 import cutlass.utils as utils
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8, Uint32
 from cutlass.cute.nvgpu import cpasync
-from cutlass.cutlass_dsl import dsl_user_op
 
-from tokenspeed.kernels.cute_ops.common import ptx_i32
-
-from .cute_decode_fp8 import widen_e4m3x2
+from .cute_decode_fp8 import Q_F16_SCALE, e4m3x2_to_f16x2, query_to_f16, widen_e4m3x2
 from .cute_seesaw import _BAR_CONSUMERS, _PAIR
 from .cute_seesaw_pairs import _RELEASERS, D_QK, PIECE, ROWS, MlaDecodeSeesawPairsSm90
 
 FP8_TILE = 32  # tokens per tile: two 16-bit stages of them leave room for the FP8 ring
 _CHUNK = 16  # e4m3 values a thread widens at a time (one 16-byte shared load)
 SMEM_BYTES = 227 * 1024  # an SM90 CTA's shared memory
-# f16 products (``mma_f16``): the query is brought into f16 range scaled by 2^-4 (up to about
-# 1e6 in magnitude, and below 1e-3 still finer than its own bf16 rounding); the scores undo it
-Q_F16_SCALE = 2.0**-4
-
-# e4m3 -> f16 is one hardware conversion per pair (there is none to bf16): two of a word's
-# four bytes, the low (or high) 16 bits, to an f16x2 of the same values, exactly.
-_E4M3X2_TO_F16X2 = """{
-    .reg .b16 lo, hi;
-    mov.b32 {lo, hi}, $1;
-    cvt.rn.f16x2.e4m3x2 $0, HALF;
-}"""
-
-
-@dsl_user_op
-def e4m3x2_to_f16x2(word: Uint32, high: bool, *, loc=None, ip=None) -> Uint32:
-    """Bytes 0-1 (or 2-3 when ``high``) of ``word`` as an f16x2 of the same e4m3 values."""
-    word = Uint32(word).ir_value(loc=loc, ip=ip)
-    ptx = _E4M3X2_TO_F16X2.replace("HALF", "hi" if high else "lo")
-    return Uint32(ptx_i32(ptx, "=r,r", [word], side_effects=False, loc=loc, ip=ip))
-
-
-# The query's bf16 pair to f16 times Q_F16_SCALE (2^-4, 0f3D800000), multiplied in f32: written
-# as ``(x.to(Float32) * Q_F16_SCALE).to(Float16)`` the compiler narrowed the multiply to an f16
-# HMUL2 after the conversion, so a query value past 65504 became inf (caught on the H200).
-_BF16X2_TO_F16X2_SCALED = """{
-    .reg .b32 lo, hi;
-    shl.b32 lo, $1, 16;
-    and.b32 hi, $1, 0xFFFF0000;
-    mul.rn.f32 lo, lo, 0f3D800000;
-    mul.rn.f32 hi, hi, 0f3D800000;
-    cvt.rn.f16x2.f32 $0, hi, lo;
-}"""
-assert Q_F16_SCALE == 2.0**-4  # the constant above
-
-
-@dsl_user_op
-def bf16x2_to_f16x2_scaled(word: Uint32, *, loc=None, ip=None) -> Uint32:
-    """A bf16x2 as the f16x2 of its values times ``Q_F16_SCALE``, rounded once."""
-    word = Uint32(word).ir_value(loc=loc, ip=ip)
-    ptx = _BF16X2_TO_F16X2_SCALED
-    return Uint32(ptx_i32(ptx, "=r,r", [word], side_effects=False, loc=loc, ip=ip))
-
-
 _WIDENERS = 128  # the producer warp group's threads, all of which widen
 
 
@@ -315,23 +269,7 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
         ``Q_F16_SCALE`` in place, eight values a thread at a time over both consumer groups,
         before either scores."""
         if cutlass.const_expr(self.mma_dtype is Float16):
-            per = 8
-            n = ROWS * D_QK
-            flat = storage.s_q.get_tensor(cute.make_layout(n))  # position does not matter
-            bits = cute.recast_tensor(flat, BFloat16)
-            q_bf = cute.make_rmem_tensor((per,), BFloat16)
-            q_f16 = cute.make_rmem_tensor((per,), Float16)
-            bf_words = cute.recast_tensor(q_bf, Uint32)
-            f16_words = cute.recast_tensor(q_f16, Uint32)
-            for k in cutlass.range_constexpr(n // (per * _PAIR)):
-                chunk = k * _PAIR + tidx
-                cute.autovec_copy(cute.local_tile(bits, (per,), (chunk,)), q_bf)
-                for e in cutlass.range_constexpr(per // 2):
-                    f16_words[e] = bf16x2_to_f16x2_scaled(bf_words[e])
-                cute.autovec_copy(q_f16, cute.local_tile(flat, (per,), (chunk,)))
-            cute.arch.fence_proxy(
-                cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
-            )
+            query_to_f16(storage.s_q.get_tensor(cute.make_layout(ROWS * D_QK)), tidx, _PAIR)
             cute.arch.barrier(barrier_id=_BAR_CONSUMERS, number_of_threads=_PAIR)
 
     @cute.jit

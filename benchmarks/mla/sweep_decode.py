@@ -84,7 +84,7 @@ def variants(
     if importlib.util.find_spec("cutlass") is not None and fp8:
         from tokenspeed.mla import cute_decode
 
-        # bf16 tiles + FP8 slots of the converter pipeline (cute_decode_fp8.py); "x2": two
+        # 16-bit tiles + FP8 slots of the converter pipeline (cute_decode_fp8.py); "x2": two
         # converter warp groups; "ablation no_mma": the consumer without its products (where
         # the time goes; output wrong by design)
         one, two = {"converter_wgs": 1}, {"converter_wgs": 2}
@@ -102,6 +102,12 @@ def variants(
                 **two,
             },
         }
+        # bf16 products (the tokens kernel's until the twenty-seventh session; f16 since, the
+        # converters widening by one hardware conversion per pair of values)
+        bf16 = {"mma_dtype": "bf16"}
+        rings["2+1 x2 bf16"] = {"stages": 2, "fp8_stages": 1, **two, **bf16}
+        rings["2+1 x2 bf16 ablation no_mma"] = {"stages": 2, "fp8_stages": 1,
+                                                "ablation": "no_mma", **two, **bf16}  # fmt: skip
         # 64 rows a CTA (cute_seesaw_pairs_fp8.py): two f16 stages of 32 tokens behind two
         # (or four) FP8 slots of 32, widened by threads of 72 (or 40, 56) registers
         pairs = {"layout": "pairs"}

@@ -270,6 +270,8 @@ FP8_CONFIGS = {
     "ring 1+3": {"stages": 1, "fp8_stages": 3},
     "ring 2+1": {"stages": 2, "fp8_stages": 1},
     "ring 2+1, two converter groups": {"stages": 2, "fp8_stages": 1, "converter_wgs": 2},
+    # the plan's products multiply in f16 (widened by hardware conversion, the query as f16)
+    "bf16 products": {"mma_dtype": "bf16"},
 }
 
 
@@ -356,25 +358,27 @@ def test_fp8_pairs_ragged(heads, q_len, splits, per_token, ring):
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
+@pytest.mark.parametrize("heads", [16, 64])  # the tokens kernel, the pairs kernel
 @pytest.mark.parametrize("per_token", [False, True])
-def test_fp8_pairs_f16_query_range(per_token):
+def test_fp8_f16_query_range(per_token, heads):
     """f16 products take the query scaled by 2^-4: dims of 1e5 (past f16's 65504 unscaled)
     and of 1e-3 (subnormal in f16 once scaled) still match the reference."""
     lens = [900, 64, 333]
-    q, cache, tables, seq = _problem(lens, 64, 1, 64, seed=31)
+    q, cache, tables, seq = _problem(lens, heads, 1, 64, seed=31)
     scale = torch.ones(q.shape[-1], device="cuda")
     scale[:64] = 1e5  # some dims past f16's range ...
     scale[64:128] = 1e-3  # ... some tiny
     q = (q.float() * scale).bfloat16()
     cache8, kv_scale = _fp8(cache, per_token)
     out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=kv_scale,
-                    config={"layout": "pairs", "mma_dtype": "f16"})  # fmt: skip
+                    config={"mma_dtype": "f16"})  # fmt: skip
     _check(out, lse, *_expected_fp8(q, cache8, kv_scale, tables, seq), seq)
 
 
 FP8_LAYOUTS = {
     "tokens": {"layout": "tokens"},
     "pairs": {"layout": "pairs"},
+    "tokens bf16": {"layout": "tokens", "mma_dtype": "bf16"},
     "pairs bf16": {"layout": "pairs", "mma_dtype": "bf16"},
 }
 

@@ -234,7 +234,10 @@ def test_cute_fp8_pairs_plan():
     assert (bf16["layout"], bf16["mma_dtype"]) == ("pairs", "bf16")
     with pytest.raises(ValueError, match="'bf16' or 'f16'"):
         configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={"mma_dtype": "fp8"})
-    assert configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True)["layout"] == "tokens"
+    tokens = configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True)
+    assert (tokens["layout"], tokens["mma_dtype"]) == ("tokens", "f16")
+    with pytest.raises(ValueError, match="'bf16' or 'f16'"):
+        configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True, config={"mma_dtype": "f32"})
     mtp = configs.cute_decode_plan(8, 3, 16, 4096, 16, fp8=True)  # 48 rows: one block
     assert (mtp["layout"], mtp["row_blocks"], mtp["page_block"]) == ("pairs", 1, 16)
     pairs = {"layout": "pairs"}
@@ -328,6 +331,7 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     assert isinstance(heads, MlaDecodeSeesawSm90)
     fp8 = build(configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True), fp8=True)
     assert isinstance(fp8, MlaDecodeFp8Sm90) and not fp8.page_prefetch
+    assert fp8.mma_dtype is cutlass.Float16 and tokens.mma_dtype is cutlass.BFloat16
     fp8_pairs = build(configs.cute_decode_plan(128, 1, 128, 4096, 16, fp8=True), fp8=True)
     assert isinstance(fp8_pairs, MlaDecodeSeesawPairsFp8Sm90) and fp8_pairs.per_token
     assert (fp8_pairs.tile, fp8_pairs.stages, fp8_pairs.ring_pairs, fp8_pairs.fp8_stages) == (
