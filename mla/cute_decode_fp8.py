@@ -98,6 +98,22 @@ def e4m3x2_to_f16x2(word: Uint32, high: bool, *, loc=None, ip=None) -> Uint32:
     return Uint32(ptx_i32(ptx, "=r,r", [word], side_effects=False, loc=loc, ip=ip))
 
 
+@cute.jit
+def widen_word(
+    out: cute.Tensor, w: cutlass.Constexpr, word: Uint32, live, to_f16: cutlass.Constexpr
+):
+    """A word's four e4m3 values, exactly, as 16-bit pairs ``out[2w]`` and ``out[2w + 1]``:
+    f16 by hardware conversion (zeros for a token past the split's end, ``live`` false: a NaN
+    byte would reach the products as NaN), or bf16 by ``widen_e4m3x2`` (every byte finite)."""
+    if cutlass.const_expr(to_f16):
+        word = Uint32(cutlass.select_(live, word, Uint32(0)))
+        out[2 * w] = e4m3x2_to_f16x2(word, False)
+        out[2 * w + 1] = e4m3x2_to_f16x2(word, True)
+    else:
+        out[2 * w] = widen_e4m3x2(word, False)
+        out[2 * w + 1] = widen_e4m3x2(word, True)
+
+
 # The query's bf16 pair to f16 times Q_F16_SCALE (2^-4, 0f3D800000), multiplied in f32: written
 # as ``(x.to(Float32) * Q_F16_SCALE).to(Float16)`` the compiler narrowed the multiply to an f16
 # HMUL2 after the conversion, so a query value past 65504 became inf (caught on the H200).
@@ -470,14 +486,8 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
             live = start + tile * TILE + token < end
             for k in cutlass.range_constexpr(chunks):
                 for w in cutlass.range_constexpr(_CHUNK // 4):
-                    word = words[k * (_CHUNK // 4) + w]
-                    if cutlass.const_expr(self.mma_dtype is Float16):
-                        word = Uint32(cutlass.select_(live, word, Uint32(0)))
-                        r32[2 * w] = e4m3x2_to_f16x2(word, False)
-                        r32[2 * w + 1] = e4m3x2_to_f16x2(word, True)
-                    else:
-                        r32[2 * w] = widen_e4m3x2(word, False)
-                        r32[2 * w + 1] = widen_e4m3x2(word, True)
+                    widen_word(r32, w, words[k * (_CHUNK // 4) + w], live,
+                               self.mma_dtype is Float16)  # fmt: skip
                 cute.autovec_copy(r16, cute.local_tile(dst, (_CHUNK,), (part * chunks + k,)))
             # the wgmma reading this tile is in the async proxy
             cute.arch.fence_proxy(

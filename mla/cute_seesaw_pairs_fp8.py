@@ -52,7 +52,7 @@ import cutlass.utils as utils
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8, Uint32
 from cutlass.cute.nvgpu import cpasync
 
-from .cute_decode_fp8 import Q_F16_SCALE, e4m3x2_to_f16x2, query_to_f16, widen_e4m3x2
+from .cute_decode_fp8 import Q_F16_SCALE, query_to_f16, widen_word
 from .cute_seesaw import _BAR_CONSUMERS, _PAIR
 from .cute_seesaw_pairs import _RELEASERS, D_QK, PIECE, ROWS, MlaDecodeSeesawPairsSm90
 
@@ -416,12 +416,5 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
         for j in cutlass.range_constexpr(pieces):
             chunk = (first + j) * per_piece + quarter
             for w in cutlass.range_constexpr(_CHUNK // 4):
-                word = words[w, j]
-                if cutlass.const_expr(self.mma_dtype is Float16):
-                    word = Uint32(cutlass.select_(live, word, Uint32(0)))
-                    r32[2 * w] = e4m3x2_to_f16x2(word, False)
-                    r32[2 * w + 1] = e4m3x2_to_f16x2(word, True)
-                else:
-                    r32[2 * w] = widen_e4m3x2(word, False)
-                    r32[2 * w + 1] = widen_e4m3x2(word, True)
+                widen_word(r32, w, words[w, j], live, self.mma_dtype is Float16)
             cute.autovec_copy(r16, cute.local_tile(dst, (_CHUNK,), (chunk,)))
