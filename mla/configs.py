@@ -272,12 +272,6 @@ def cute_decode_plan(
             cfg = {"stages": 2, "fp8_stages": 1, "converter_wgs": 2, "wgs": 1,
                    "layout": "tokens", "rows": 16 if rows_per_req <= 16 else 32,
                    "mma_dtype": "f16", **cfg}  # fmt: skip
-            # two consumer groups (half the rows of the scores, half the dims of the values
-            # each) at 32 rows: built in the twenty-seventh session, not yet measured
-            if int(cfg["wgs"]) not in (1, 2) or (int(cfg["wgs"]) == 2 and int(cfg["rows"]) != 32):
-                raise ValueError(
-                    "the FP8 tokens decode takes one consumer group, or two at 32 rows"
-                )
         if cfg["mma_dtype"] not in ("bf16", "f16"):
             raise ValueError(f"mma_dtype={cfg['mma_dtype']!r}: 'bf16' or 'f16'")
     layout = str(cfg.get("layout", "tokens" if rows_per_req <= 32 else "pairs"))

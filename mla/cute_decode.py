@@ -768,7 +768,7 @@ def decode_kernel(spec: dict[str, Any]) -> Any:
         kernel = MlaDecodeFp8Sm90(
             spec["rows"], spec["page_block"], spec["stages"], spec["fp8_stages"], spec["split"],
             spec["write_lse"], spec["per_token"], spec["converter_wgs"], spec["ablation"],
-            spec["mma_dtype"] == "f16", spec["wgs"],
+            spec["mma_dtype"] == "f16",
         )  # fmt: skip
     elif spec["persistent"]:
         from .cute_decode_persistent import MlaDecodePersistentSm90

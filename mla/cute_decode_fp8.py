@@ -164,39 +164,22 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
     def __init__(
         self, rows: int, page_block: int, stages: int, fp8_stages: int, split: bool,
         write_lse: bool, per_token: bool, converter_wgs: int = 1, ablation: str = "",
-        mma_f16: bool = False, consumer_wgs: int = 1,
+        mma_f16: bool = False,
     ) -> None:  # fmt: skip
         if rows not in (16, 32):
             raise ValueError(f"rows={rows}: the FP8 decode takes 16 or 32 rows per CTA")
-        super().__init__(rows, consumer_wgs, page_block, stages, split, write_lse, ablation)
+        super().__init__(rows, 1, page_block, stages, split, write_lse, ablation)
         self.fp8_stages = fp8_stages
         self.per_token = per_token
         if converter_wgs not in (1, 2):
             raise ValueError(f"converter_wgs={converter_wgs}: 1 or 2 warp groups convert")
-        # Warps 0-3 (or 0-7: two consumer groups, each with half the rows of the scores and
-        # half the dims of the values) consume, then 4 or 8 warps convert, then one warp
-        # loads (in a warp group of its own, so that setmaxnreg can move registers: ptxas
-        # caps a 288-thread CTA at 168 per thread).
+        # Warps 0-3 consume, then 4 or 8 warps convert, then one warp loads (in a warp group
+        # of its own, so that setmaxnreg can move registers: ptxas caps a 288-thread CTA at
+        # 168 per thread).
         self.converter_wgs = converter_wgs
-        self.converter_warp = 4 * consumer_wgs
-        self.producer_warp = self.converter_warp + 4 * converter_wgs
-        groups = consumer_wgs + converter_wgs + 1
-        self.threads = groups * 128
-        # Registers per thread after setmaxnreg (multiples of 8). The launch gives every
-        # thread the same count, 64 K / threads rounded down to 8 (168, 128 or 96 here); the
-        # converters and the loader give some back (setmaxnreg.dec: never above that count,
-        # or the warp faults with an illegal instruction) and the consumers take them.
-        launch = (65536 // self.threads) // 8 * 8
-        self.loader_regs = 40
-        if consumer_wgs == 1:  # 232 + 152 + 40 (x 128 threads) <= 3 x 168, 232 + 2 x 112 + 40
-            self.consumer_regs, self.converter_regs = 232, (152 if converter_wgs == 1 else 112)
-        else:  # 2 x 176 + 120 + 40 = 4 x 128, or 2 x 152 + 2 x 64 + 40 <= 5 x 96
-            self.consumer_regs, self.converter_regs = (
-                (176, 120) if converter_wgs == 1 else (152, 64)
-            )
-        used = consumer_wgs * self.consumer_regs + converter_wgs * self.converter_regs
-        assert used + self.loader_regs <= launch * groups, "setmaxnreg beyond the launch's pool"
-        assert self.converter_regs <= launch < self.consumer_regs, "setmaxnreg.dec above the launch"
+        self.converter_warp = 4
+        self.producer_warp = 4 + 4 * converter_wgs
+        self.threads = (2 + converter_wgs) * 128
         # f16 products: the converters widen by one hardware conversion per pair of values
         # (tokens past the split's end as zeros: a NaN byte would reach the products as NaN);
         # the consumer converts the query block once (``query_to_f16``)
@@ -238,7 +221,7 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
             kv_full_empty: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             fp8_full_empty: cute.struct.MemRange[cutlass.Int64, self.fp8_stages * 2]
             q_bar: cute.struct.MemRange[cutlass.Int64, 1]
-            red: cute.struct.MemRange[Float32, 2 * self.wgs * 4 * self.rows_per_wg]
+            red: cute.struct.MemRange[Float32, 2 * 4 * self.rows_per_wg]
             alpha: cute.struct.MemRange[Float32, self.rows]
             row_max: cute.struct.MemRange[Float32, self.rows]
             row_sum: cute.struct.MemRange[Float32, self.rows]
@@ -319,7 +302,7 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
             producer_group=pipeline.CooperativeGroup(
                 pipeline.Agent.Thread, 128 * self.converter_wgs
             ),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.consumer_threads),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
             defer_sync=True,
         )
         # FP8 ring: bulk copies complete its full barriers; the converter warps empty it.
@@ -337,17 +320,18 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
         q_flat = storage.s_q.get_tensor(cute.make_layout(self.rows * D_QK))
 
         if warp >= self.producer_warp:
-            cute.arch.warpgroup_reg_dealloc(self.loader_regs)
+            cute.arch.warpgroup_reg_dealloc(40)
             if warp == self.producer_warp:
                 self._load(tma_q_atom, tma_q, bulk_atom, m_kv, s_q, s_fp8, q_bar, fp8_pipe,
                            m_bt, b, rows_per_req, row0, start, end, n_tiles, page_size)  # fmt: skip
         elif warp >= self.converter_warp:
-            # one converter group holds a 288-byte share of each token, two 144 bytes
-            cute.arch.warpgroup_reg_dealloc(self.converter_regs)
+            # registers per thread: consumer 232 + converters + loader 40 <= 512 (a CTA's
+            # 64 K over 128-thread groups); one converter group holds a 288-byte share
+            cute.arch.warpgroup_reg_dealloc(152 if self.converter_wgs == 1 else 112)
             self._convert(s_fp8, s_kv, s_tok_scale, fp8_pipe, kv_pipe, m_scale, m_bt, b,
-                          start, end, n_tiles, page_size, tidx - self.consumer_threads)  # fmt: skip
+                          start, end, n_tiles, page_size, tidx - 128)  # fmt: skip
         else:
-            cute.arch.warpgroup_reg_alloc(self.consumer_regs)
+            cute.arch.warpgroup_reg_alloc(232)
             self._consume_fp8(
                 mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
                 s_sum, m_out, m_lse, m_part_o, m_part_lse, m_scale, s_tok_scale, scale_log2,

@@ -102,10 +102,6 @@ def variants(
                 **two,
             },
         }
-        # two consumer groups at 32 rows (each half the rows of the scores, half the dims of
-        # the values), with one or two converter groups
-        rings["2+1 wgs2"] = {"stages": 2, "fp8_stages": 1, "rows": 32, "wgs": 2, **one}
-        rings["2+1 x2 wgs2"] = {"stages": 2, "fp8_stages": 1, "rows": 32, "wgs": 2, **two}
         # bf16 products (the tokens kernel's until the twenty-seventh session; f16 since, the
         # converters widening by one hardware conversion per pair of values)
         bf16 = {"mma_dtype": "bf16"}

@@ -272,9 +272,6 @@ FP8_CONFIGS = {
     "ring 2+1, two converter groups": {"stages": 2, "fp8_stages": 1, "converter_wgs": 2},
     # the plan's products multiply in f16 (widened by hardware conversion, the query as f16)
     "bf16 products": {"mma_dtype": "bf16"},
-    # two consumer groups over 32-row blocks (half empty at 16 rows), one or two converters
-    "two consumer groups": {"rows": 32, "wgs": 2, "converter_wgs": 1},
-    "two consumer groups, two converter groups": {"rows": 32, "wgs": 2, "converter_wgs": 2},
 }
 
 
