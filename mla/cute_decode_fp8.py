@@ -158,7 +158,67 @@ def query_to_f16(flat: cute.Tensor, tidx: Int32, threads: cutlass.Constexpr):
     cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta)
 
 
-class MlaDecodeFp8Sm90(MlaDecodeSm90):
+class Fp8TileLoader:
+    """What the FP8 decode kernels share: the loader warp's bulk copies of 64-token e4m3
+    tiles (a page's tokens are contiguous rows of 576 bytes, so one copy per page block, no
+    tensor map) into a ring of ``fp8_stages`` slots, and the per-token scale lookup. A
+    kernel sets ``page_block``, ``copies_per_tile``, ``fp8_stages`` and ``ablation``."""
+
+    @cute.jit
+    def _load_tiles(
+        self, bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end, n_tiles, page_size
+    ):
+        """The loader warp's tiles: every FP8 tile of the split, by bulk copies into the ring.
+
+        A box past the split's end copies the split's first box instead (its bytes are read
+        but never used: the consumers zero those tokens), so every slot receives the same
+        byte count.
+        """
+        box_bytes = self.page_block * D_QK
+        base = m_kv.iterator.toint()
+        s_boxes = cute.make_tensor(  # (box bytes, copy, stage): each box is contiguous
+            s_fp8.iterator,
+            cute.make_layout((box_bytes, self.copies_per_tile, self.fp8_stages),
+                             stride=(1, box_bytes, TILE * D_QK)),
+        )  # fmt: skip
+        first = Int32(0)
+        if n_tiles > 0:  # a split with no tiles may start past the block table
+            first = (m_bt[b, start // page_size] * page_size + start % page_size) // self.page_block
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                             self.fp8_stages)  # fmt: skip
+        for tile in cutlass.range(n_tiles, unroll=1):
+            fp8_pipe.producer_acquire(state)
+            for c in cutlass.range_constexpr(self.copies_per_tile):
+                pos = start + tile * TILE + c * self.page_block
+                box = first
+                if pos < end:
+                    page = m_bt[b, pos // page_size]
+                    box = (page * page_size + pos % page_size) // self.page_block
+                if cutlass.const_expr(self.ablation == "l2_loads"):
+                    box = Int32(c)  # benchmark-only: every tile from L2 (see MlaDecodeSm90)
+                # the box as global memory (bulk copies need it), its offset in 64 bits
+                g_box = cute.make_tensor(
+                    cute.make_ptr(Uint8, base + cutlass.Int64(box) * box_bytes,
+                                  cute.AddressSpace.gmem, assumed_align=16),
+                    cute.make_layout(box_bytes),
+                )  # fmt: skip
+                src, dst = cpasync.group_bulk_copy_modes(g_box, s_boxes[None, c, state.index])
+                with cute.arch.elect_one():  # one bulk copy, not one per lane
+                    cute.copy(bulk_atom, src, dst,
+                              mbar_ptr=fp8_pipe.producer_get_barrier(state))  # fmt: skip
+            state.advance()
+
+    @cute.jit
+    def _token_scale(self, m_scale, m_bt, b, pos, end, page_size):
+        """The scale of the token at ``pos`` (0 past the split's end)."""
+        tok_scale = Float32(0.0)
+        if pos < end:
+            page = m_bt[b, pos // page_size]
+            tok_scale = m_scale[page * page_size + pos % page_size]
+        return tok_scale
+
+
+class MlaDecodeFp8Sm90(Fp8TileLoader, MlaDecodeSm90):
     """One compiled FP8 variant: rows (16/32), page copy size, ring depths, scale kind."""
 
     def __init__(
@@ -372,55 +432,10 @@ class MlaDecodeFp8Sm90(MlaDecodeSm90):
         self, tma_q_atom, tma_q, bulk_atom, m_kv, s_q, s_fp8, q_bar, fp8_pipe, m_bt, b,
         rows_per_req, row0, start, end, n_tiles, page_size,
     ):  # fmt: skip
-        """The loader warp: the query block, then every FP8 tile of the split (bulk copies).
-
-        A box past the split's end copies the split's first box instead (its bytes are read
-        but never used: the converter zeroes those tokens), so every slot receives the same
-        byte count.
-        """
+        """The loader warp: the query block, then every FP8 tile of the split."""
         self._load_query(tma_q_atom, tma_q, s_q, q_bar, b, rows_per_req, row0)
-        box_bytes = self.page_block * D_QK
-        base = m_kv.iterator.toint()
-        s_boxes = cute.make_tensor(  # (box bytes, copy, stage): each box is contiguous
-            s_fp8.iterator,
-            cute.make_layout((box_bytes, self.copies_per_tile, self.fp8_stages),
-                             stride=(1, box_bytes, TILE * D_QK)),
-        )  # fmt: skip
-        first = Int32(0)
-        if n_tiles > 0:  # a split with no tiles may start past the block table
-            first = (m_bt[b, start // page_size] * page_size + start % page_size) // self.page_block
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                             self.fp8_stages)  # fmt: skip
-        for tile in cutlass.range(n_tiles, unroll=1):
-            fp8_pipe.producer_acquire(state)
-            for c in cutlass.range_constexpr(self.copies_per_tile):
-                pos = start + tile * TILE + c * self.page_block
-                box = first
-                if pos < end:
-                    page = m_bt[b, pos // page_size]
-                    box = (page * page_size + pos % page_size) // self.page_block
-                if cutlass.const_expr(self.ablation == "l2_loads"):
-                    box = Int32(c)  # benchmark-only: every tile from L2 (see MlaDecodeSm90)
-                # the box as global memory (bulk copies need it), its offset in 64 bits
-                g_box = cute.make_tensor(
-                    cute.make_ptr(Uint8, base + cutlass.Int64(box) * box_bytes,
-                                  cute.AddressSpace.gmem, assumed_align=16),
-                    cute.make_layout(box_bytes),
-                )  # fmt: skip
-                src, dst = cpasync.group_bulk_copy_modes(g_box, s_boxes[None, c, state.index])
-                with cute.arch.elect_one():  # one bulk copy, not one per lane
-                    cute.copy(bulk_atom, src, dst,
-                              mbar_ptr=fp8_pipe.producer_get_barrier(state))  # fmt: skip
-            state.advance()
-
-    @cute.jit
-    def _token_scale(self, m_scale, m_bt, b, pos, end, page_size):
-        """The scale of the token at ``pos`` (0 past the split's end)."""
-        tok_scale = Float32(0.0)
-        if pos < end:
-            page = m_bt[b, pos // page_size]
-            tok_scale = m_scale[page * page_size + pos % page_size]
-        return tok_scale
+        self._load_tiles(bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end, n_tiles,
+                         page_size)  # fmt: skip
 
     @cute.jit
     def _convert(

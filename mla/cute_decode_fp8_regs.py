@@ -1,0 +1,560 @@
+"""Absorbed-MLA decode over an FP8 (e4m3) cache for Hopper, widened in the consumers' registers.
+
+The FP8 kernel of ``cute_decode_fp8.py`` widens each tile into a 16-bit copy in shared memory
+for wgmma to read: per 64-token tile the copy engine writes 36 KiB, converters read them and
+write 72 KiB, and the products read those again, so shared memory carries ~250 KiB a tile, and
+the 16-bit ring leaves room for one FP8 slot in flight. Here both products take their A
+operand from registers (``s^T = K q^T`` and ``o^T = V^T p^T``, tokens on M as in the bf16
+kernel, f16 products): each consumer thread loads its share of the FP8 tile with 16-byte
+shared loads and widens it with one hardware conversion per pair of values straight into the
+operand (``fp8_regs_layout.py`` places every value; the query is permuted to match and the
+output un-permuted). Shared memory holds the query, ``p^T`` and ``fp8_stages`` FP8 slots
+(five at 16 or 32 rows); a slot is released as soon as its values are in registers.
+
+Warp roles (384 threads): two consumer warp groups take the split's tiles in turn (group
+``g`` tiles ``g``, ``g + 2``, ...), each with its own softmax state, so one group's softmax
+and loads overlap the other's products; at the end group 1 hands its rows to group 0 through
+the spent ring, and group 0 merges and stores them. Warp 8 loads (``Fp8TileLoader``), in a
+warp group of its own so that ``setmaxnreg`` can move its registers to the consumers.
+
+The scale is applied in float32 as in the other FP8 kernels: one per tensor folded into the
+softmax scale and the output; one per token multiplying the token's scores and its
+probabilities. Tokens past the split's end are zeroed before the values product (a NaN byte
+would otherwise reach it) and masked out of the scores.
+
+Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; bf16 query (read as 32-bit words), e4m3
+cache, 16 or 32 rows per CTA. The launch wrapper is ``cute_decode.mla_decode`` (plan layout
+``"regs"``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import BFloat16, Float16, Float32, Int32, Uint8, Uint32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
+
+import tokenspeed.mla.fp8_regs_layout as lay
+from tokenspeed.kernels.cute_ops.common import (
+    accumulator_column,
+    accumulator_slot,
+    column_max,
+    column_sum,
+    ptx_i32,
+    staged_rows,
+    store_staged_rows,
+    vector_at,
+)
+
+from .cute_decode import D_LATENT, D_QK, TILE, KvRingProducer
+from .cute_decode_fp8 import Q_F16_SCALE, Fp8TileLoader, bf16x2_to_f16x2_scaled, e4m3x2_to_f16x2
+
+_NEG_INF = -math.inf
+_RUN = 16  # bytes of one shared load: a run of 16 values of one token
+_GROUPS = D_QK // lay.GROUP  # the scores' groups of four k-blocks
+_VALUE_BLOCKS = TILE // 16  # the values product's k-blocks (16 tokens each)
+# named barriers: 1 + g within consumer group g, 3 across both groups (0 is __syncthreads)
+_BOTH_GROUPS = 3
+
+
+@dsl_user_op
+def byte_perm(a: Uint32, b: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
+    """``prmt.b32``: four of the eight bytes of ``a`` (0-3) and ``b`` (4-7), as ``selector``'s
+    nibbles name them, lowest first."""
+    a = Uint32(a).ir_value(loc=loc, ip=ip)
+    b = Uint32(b).ir_value(loc=loc, ip=ip)
+    ptx = f"prmt.b32 $0, $1, $2, {selector:#x};"
+    return Uint32(ptx_i32(ptx, "=r,r,r", [a, b], side_effects=False, loc=loc, ip=ip))
+
+
+class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
+    """One compiled variant: rows (16/32), page copy size, FP8 slots, scale kind."""
+
+    consumer_wgs = 2
+    loader_warp = 8
+    threads = 384
+    # setmaxnreg: the launch gives 64 K / 384 -> 168 registers a thread; the loader's group
+    # gives back to 24 and the consumers take 240 (2 x 240 + 24 = 3 x 168)
+    consumer_regs = 240
+    loader_regs = 24
+
+    def __init__(
+        self, rows: int, page_block: int, fp8_stages: int, split: bool, write_lse: bool,
+        per_token: bool, ablation: str = "",
+    ) -> None:  # fmt: skip
+        if rows not in (16, 32):
+            raise ValueError(f"rows={rows}: the FP8 register decode takes 16 or 32 rows per CTA")
+        if page_block not in (8, 16, 32, 64):
+            raise ValueError(f"page_block={page_block} must be 8, 16, 32 or 64")
+        if fp8_stages < 2:
+            raise ValueError(f"fp8_stages={fp8_stages}: the two consumer groups need 2 or more")
+        # benchmark-only: "l2_loads" copies every tile from the cache's first boxes (L2 hits)
+        if ablation not in ("", "l2_loads"):
+            raise ValueError(f"unknown ablation {ablation!r}")
+        self.rows = rows
+        self.page_block = page_block
+        self.copies_per_tile = TILE // page_block
+        self.fp8_stages = fp8_stages
+        self.split = split
+        self.write_lse = write_lse
+        self.per_token = per_token
+        self.ablation = ablation
+        self.mma_dtype = Float16
+        # register operands widened ahead: two of each (one widened while the other's products
+        # run), or at 32 rows one for the values (its 128 accumulator registers leave no room)
+        self.score_buffers = 2
+        self.value_buffers = 2 if rows == 16 else 1
+
+    # -- host side ----------------------------------------------------------------------------
+
+    @cute.jit
+    def __call__(
+        self,
+        m_q: cute.Tensor,  # [rows_total, 288] int32: the bf16 query's pairs of values
+        m_kv: cute.Tensor,  # [pages * page_size * 576] uint8 (the e4m3 bytes)
+        m_scale: cute.Tensor,  # [1] or [pages * page_size] fp32
+        m_bt: cute.Tensor,
+        m_seq: cute.Tensor,
+        m_out: cute.Tensor,
+        m_lse: cute.Tensor,
+        m_part_o: cute.Tensor,
+        m_part_lse: cute.Tensor,
+        scale_log2: Float32,
+        q_len: Int32,
+        num_heads: Int32,
+        num_splits: Int32,
+        page_size: Int32,
+        batch: Int32,
+        row_blocks: Int32,
+        stream: cuda.CUstream,
+    ):
+        f16, k_major = Float16, warpgroup.OperandMajorMode.K
+        # s^T[64 tok, rows] = K[64 tok, 576] q^T and o^T[512, rows] += V^T[512, 64 tok] p^T:
+        # A (the cache) from registers, B (query, p^T) K-major in shared memory
+        mma_s, mma_o = (
+            sm90_utils.make_trivial_tiled_mma(
+                f16,
+                f16,
+                k_major,
+                k_major,
+                Float32,
+                (1, 1, 1),
+                tiler_mn=(TILE, self.rows),
+                a_source=warpgroup.OperandSource.RMEM,
+            )  # fmt: skip
+            for _ in range(2)
+        )
+        row_major = utils.LayoutEnum.ROW_MAJOR
+        q_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, D_QK), f16, 1)
+        # one p^T per consumer group
+        p_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, TILE), f16, 2)
+        fp8_layout = cute.make_layout((TILE, D_QK, self.fp8_stages),
+                                      stride=(D_QK, 1, TILE * D_QK))  # fmt: skip
+        box_bytes = self.page_block * D_QK
+        bulk_atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), Uint8,
+                                        num_bits_per_copy=box_bytes * 8)  # fmt: skip
+        rows = self.rows
+
+        @cute.struct
+        class SharedStorage:
+            fp8_full_empty: cute.struct.MemRange[cutlass.Int64, self.fp8_stages * 2]
+            red: cute.struct.MemRange[Float32, 4 * rows * 2 * 2]  # (row, warp, group, parity)
+            row_max: cute.struct.MemRange[Float32, rows * 2]  # (row, group)
+            row_sum: cute.struct.MemRange[Float32, rows * 2]
+            s_q: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(q_layout)], 1024]
+            s_p: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(p_layout)], 1024]
+            s_fp8: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(fp8_layout)], 128]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            mma_s, mma_o, bulk_atom, m_q, m_kv, m_scale, q_layout, p_layout, fp8_layout,
+            m_bt, m_seq, m_out, m_lse, m_part_o, m_part_lse,
+            scale_log2, q_len, num_heads, num_splits, page_size,
+        ).launch(
+            grid=[row_blocks, num_splits, batch], block=[self.threads, 1, 1], stream=stream,
+            min_blocks_per_mp=1,
+        )  # fmt: skip
+
+    # -- device side --------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(
+        self,
+        mma_s: cute.TiledMma,
+        mma_o: cute.TiledMma,
+        bulk_atom: cute.CopyAtom,
+        m_q: cute.Tensor,
+        m_kv: cute.Tensor,
+        m_scale: cute.Tensor,
+        q_layout: cute.ComposedLayout,
+        p_layout: cute.ComposedLayout,
+        fp8_layout: cute.Layout,
+        m_bt: cute.Tensor,
+        m_seq: cute.Tensor,
+        m_out: cute.Tensor,
+        m_lse: cute.Tensor,
+        m_part_o: cute.Tensor,
+        m_part_lse: cute.Tensor,
+        scale_log2: Float32,
+        q_len: Int32,
+        num_heads: Int32,
+        num_splits: Int32,
+        page_size: Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        rb, split, b = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        seq_len, start, end, n_tiles = self._split_tiles(m_seq, b, split, num_splits)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        s_fp8 = storage.s_fp8.get_tensor(fp8_layout)
+        # FP8 ring: bulk copies complete its full barriers; the 4 warps of the consumer group
+        # whose tile a slot holds empty it
+        fp8_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.fp8_full_empty.data_ptr(),
+            num_stages=self.fp8_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
+            tx_count=TILE * D_QK,
+            defer_sync=True,
+        )
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        s_q = storage.s_q.get_tensor(q_layout.outer, swizzle=q_layout.inner)
+        s_p = storage.s_p.get_tensor(p_layout.outer, swizzle=p_layout.inner)
+        rows = self.rows
+        red = storage.red.get_tensor(cute.make_layout((rows, 4, 2, 2)))
+        s_max = storage.row_max.get_tensor(cute.make_layout((rows, 2)))
+        s_sum = storage.row_sum.get_tensor(cute.make_layout((rows, 2)))
+        rows_per_req = q_len * num_heads
+        row0 = rb * rows
+
+        if warp >= self.loader_warp:
+            cute.arch.warpgroup_reg_dealloc(self.loader_regs)
+            if warp == self.loader_warp:
+                self._load_tiles(bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end,
+                                 n_tiles, page_size)  # fmt: skip
+        else:
+            cute.arch.warpgroup_reg_alloc(self.consumer_regs)
+            self._query_to_smem(m_q, s_q[None, None, 0], b, rows_per_req, row0, tidx)
+            cute.arch.barrier(barrier_id=_BOTH_GROUPS, number_of_threads=256)
+            self._consume(
+                mma_s, mma_o, s_q, s_p, s_fp8, red, s_max, s_sum, fp8_pipe, m_scale, m_bt,
+                m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits,
+                page_size, b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx,
+                warp,
+            )  # fmt: skip
+
+    @cute.jit
+    def _query_to_smem(self, m_q, s_q, b, rows_per_req, row0, tidx):
+        """The CTA's query rows into ``s_q`` by both consumer groups: f16 times
+        ``Q_F16_SCALE``, each pair of dims at the position the scores' K order gives it
+        (``lay.query_element``); rows past the request's are zeros."""
+        pair = cute.make_rmem_tensor((2,), Float16)
+        pair_word = cute.recast_tensor(pair, Uint32)
+        words = D_QK // 2
+        for k in cutlass.range_constexpr(self.rows * words // 256):
+            index = k * 256 + tidx
+            h = index // words
+            p = index % words
+            word = Uint32(0)
+            if row0 + h < rows_per_req:
+                word = Uint32(m_q[b * rows_per_req + row0 + h, p])
+            pair_word[0] = bf16x2_to_f16x2_scaled(word)
+            at = lay.query_element(p)
+            cute.autovec_copy(pair, cute.local_tile(s_q[h, None], (2,), (at // 2,)))
+        cute.arch.fence_proxy(
+            cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
+        )
+
+    @cute.jit
+    def _scores(self, mma_s, acc_s, r_sb, kv, a_s, runs, w, lane):
+        """``s^T = K q^T`` over the tile in ``kv``: per group of 64 dims, two 16-byte runs
+        widened into one of two register operands (the other group's products still in
+        flight), then its four k-blocks issued. Waited for before it returns."""
+        run_words = [cute.recast_tensor(r, Uint32) for r in runs]
+        a_words = [cute.recast_tensor(a, Uint32) for a in a_s]
+        for g in cutlass.range_constexpr(_GROUPS):
+            t0, t1, d0 = lay.score_load(w, lane, g)
+            cute.autovec_copy(vector_at(kv, (t0, d0), _RUN), runs[0])
+            cute.autovec_copy(vector_at(kv, (t1, d0), _RUN), runs[1])
+            if cutlass.const_expr(g >= len(a_s)):  # the products that read this buffer are done
+                warpgroup.wait_group(len(a_s) - 1)
+            words = a_words[g % len(a_s)]
+            for j in cutlass.range_constexpr(4):
+                for second in cutlass.range_constexpr(2):
+                    for high in cutlass.range_constexpr(2):
+                        words[lay.score_word(j, second, high)] = e4m3x2_to_f16x2(
+                            run_words[second][j], high == 1
+                        )
+            warpgroup.fence()
+            for j in cutlass.range_constexpr(4):
+                mma_s.set(warpgroup.Field.ACCUMULATE, g + j > 0)
+                cute.gemm(mma_s, acc_s, a_s[g % len(a_s)][None, None, j], r_sb[None, None, 4 * g + j],
+                          acc_s)  # fmt: skip
+            warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def _values(self, mma_o, acc_o, r_ob, kv, a_o, vruns, w, lane, tile_start, end, fp8_pipe,
+                state):  # fmt: skip
+        """``o^T += V^T p^T`` over the tile in ``kv``: per k-block of 16 tokens, four 16-byte
+        runs (zeroed past the split's end), paired by byte permutes and widened into one of
+        two register operands, then its eight M tiles issued. The slot is released once the
+        last runs are in registers; the products are waited for before it returns."""
+        vwords = [cute.recast_tensor(r, Uint32) for r in vruns]
+        a_words = [cute.recast_tensor(a, Uint32) for a in a_o]
+        for c in cutlass.range_constexpr(_VALUE_BLOCKS):
+            tokens, d0 = lay.value_load(w, lane, c)
+            for s in cutlass.range_constexpr(4):
+                cute.autovec_copy(vector_at(kv, (tokens[s], d0), _RUN), vruns[s])
+                live = tile_start + tokens[s] < end
+                for u in cutlass.range_constexpr(_RUN // 4):
+                    vwords[s][u] = cutlass.select_(live, vwords[s][u], Uint32(0))
+            if cutlass.const_expr(c >= len(a_o)):
+                warpgroup.wait_group(len(a_o) - 1)
+            words = a_words[c % len(a_o)]
+            for u in cutlass.range_constexpr(_RUN // 4):
+                for second in cutlass.range_constexpr(2):
+                    for high_pair in cutlass.range_constexpr(2):
+                        pair = byte_perm(
+                            vwords[2 * second][u], vwords[2 * second + 1][u],
+                            (lay.PAIR_LOW, lay.PAIR_HIGH)[high_pair],
+                        )  # fmt: skip
+                        for high in cutlass.range_constexpr(2):
+                            words[lay.value_word(u, second, high_pair, high)] = e4m3x2_to_f16x2(
+                                pair, high == 1
+                            )
+            if cutlass.const_expr(c == _VALUE_BLOCKS - 1):
+                fp8_pipe.consumer_release(state)  # the tile's bytes are all in registers
+            warpgroup.fence()
+            cute.gemm(mma_o, acc_o, a_o[c % len(a_o)][None, None, 0], r_ob[None, None, c], acc_o)
+            warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def _consume(
+        self, mma_s, mma_o, s_q, s_p, s_fp8, red, s_max, s_sum, fp8_pipe, m_scale, m_bt, m_out,
+        m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, page_size, b,
+        split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp,
+    ):  # fmt: skip
+        """One consumer group: its tiles (every other one of the split), then the merge of both
+        groups' rows and, in group 0, the output."""
+        wg = warp // 4
+        w = warp % 4
+        lane = cute.arch.lane_idx()
+        wg_tidx = tidx % 128
+        rows = self.rows
+        slots = rows // 4
+        scale_log2 = scale_log2 * (1.0 / Q_F16_SCALE)  # the query was scaled into f16's range
+        out_scale = Float32(1.0)
+        if cutlass.const_expr(not self.per_token):
+            out_scale = m_scale[0]
+            scale_log2 = scale_log2 * out_scale
+
+        thr_s = mma_s.get_slice(wg_tidx)
+        r_sb = mma_s.make_fragment_B(thr_s.partition_B(s_q[None, None, 0]))  # (MMA, 1, 36)
+        acc_s = cute.make_rmem_tensor(mma_s.partition_shape_C((TILE, rows)), Float32)
+        coords_s = thr_s.partition_C(cute.make_identity_tensor((TILE, rows)))
+        a_s = [
+            cute.make_rmem_tensor(mma_s.partition_shape_A((TILE, lay.GROUP)), Float16)
+            for _ in range(self.score_buffers)
+        ]
+        thr_o = mma_o.get_slice(wg_tidx)
+        acc_o = cute.make_rmem_tensor(mma_o.partition_shape_C((D_LATENT, rows)), Float32)
+        coords_o = thr_o.partition_C(cute.make_identity_tensor((D_LATENT, rows)))
+        a_o = [
+            cute.make_rmem_tensor(mma_o.partition_shape_A((D_LATENT, 16)), Float16)
+            for _ in range(self.value_buffers)
+        ]
+        r_ob = mma_o.make_fragment_B(thr_o.partition_B(s_p[None, None, wg]))  # (MMA, 1, 4)
+        mma_o.set(warpgroup.Field.ACCUMULATE, True)
+        # p^T is written where s^T's accumulator sits: this group's p^T as (token, row)
+        s_p_tr = cute.make_tensor(s_p.iterator, cute.select(s_p.layout, mode=[1, 0, 2]))
+        t_sp = thr_s.partition_C(s_p_tr[None, None, wg])
+        r_p = cute.make_rmem_tensor_like(acc_s, Float16)
+        runs = [cute.make_rmem_tensor((_RUN,), Uint8) for _ in range(2)]
+        vruns = [cute.make_rmem_tensor((_RUN,), Uint8) for _ in range(4)]
+
+        acc_o.fill(0.0)
+        m_i = cute.make_rmem_tensor((slots,), Float32)
+        l_i = cute.make_rmem_tensor((slots,), Float32)
+        m_i.fill(_NEG_INF)
+        l_i.fill(0.0)
+        # a thread's scores sit in two tokens of the tile: rows (i // 2) % 2 of its quad
+        my_tokens = (lay.tile_token(16 * w + lane // 4), lay.tile_token(16 * w + lane // 4 + 8))
+        first_t = seq_len - q_len  # kv position of query token 0
+        state = pipeline.PipelineState(self.fp8_stages, Int32(wg), Int32(wg), Int32(0))
+        for i in cutlass.range((n_tiles - wg + 1) // 2, unroll=1):
+            tile = 2 * i + wg
+            tile_start = start + tile * TILE
+            tok_scale = cute.make_rmem_tensor((2,), Float32)
+            row_scale = cute.make_rmem_tensor((2,), Float32)
+            if cutlass.const_expr(self.per_token):  # in flight while the scores run
+                for h in cutlass.range_constexpr(2):
+                    tok_scale[h] = self._token_scale(m_scale, m_bt, b, tile_start + my_tokens[h],
+                                                     end, page_size)  # fmt: skip
+            fp8_pipe.consumer_wait(state)
+            kv = s_fp8[None, None, state.index]
+            self._scores(mma_s, acc_s, r_sb, kv, a_s, runs, w, lane)
+            if cutlass.const_expr(self.per_token):
+                for h in cutlass.range_constexpr(2):
+                    row_scale[h] = scale_log2 * tok_scale[h]
+
+            # scale, mask (tokens past the split's end, causal query block), column max
+            for k in cutlass.range_constexpr(cute.size(acc_s)):
+                if cutlass.const_expr(self.per_token):
+                    acc_s[k] = acc_s[k] * row_scale[(k // 2) % 2]
+                else:
+                    acc_s[k] = acc_s[k] * scale_log2
+            if tile_start + TILE > cutlass.min(end, first_t + 1):  # one branch per tile
+                for k in cutlass.range_constexpr(cute.size(acc_s)):
+                    m, n = coords_s[k]
+                    pos = tile_start + lay.tile_token(m)
+                    if pos >= end or pos > first_t + (row0 + n) // num_heads:
+                        acc_s[k] = Float32(_NEG_INF)
+            tile_max = cute.make_rmem_tensor((slots,), Float32)
+            tile_max.fill(_NEG_INF)
+            for k in cutlass.range_constexpr(cute.size(acc_s)):
+                j = accumulator_slot(k, rows)
+                tile_max[j] = cute.arch.fmax(tile_max[j], acc_s[k])
+            for j in cutlass.range_constexpr(slots):
+                tile_max[j] = column_max(tile_max[j])
+            parity = i % 2
+            if lane < 4:
+                for j in cutlass.range_constexpr(slots):
+                    red[accumulator_column(j, lane), w, wg, parity] = tile_max[j]
+            cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
+            alpha = cute.make_rmem_tensor((slots,), Float32)
+            m_use = cute.make_rmem_tensor((slots,), Float32)
+            for j in cutlass.range_constexpr(slots):
+                n = accumulator_column(j, lane % 4)
+                x = m_i[j]
+                for v in cutlass.range_constexpr(4):
+                    x = cute.arch.fmax(x, red[n, v, wg, parity])
+                mu = x
+                if x == _NEG_INF:
+                    mu = Float32(0.0)
+                alpha[j] = Float32(cute.math.exp2(m_i[j] - mu, fastmath=True))
+                m_use[j] = mu
+                m_i[j] = x
+                l_i[j] = l_i[j] * alpha[j]
+            # p^T = exp2(s^T - max) (times the token's scale) in f16, row sums per thread
+            for k in cutlass.range_constexpr(cute.size(acc_s)):
+                j = accumulator_slot(k, rows)
+                p = Float32(cute.math.exp2(acc_s[k] - m_use[j], fastmath=True))
+                l_i[j] = l_i[j] + p
+                if cutlass.const_expr(self.per_token):
+                    r_p[k] = (p * tok_scale[(k // 2) % 2]).to(Float16)
+                else:
+                    r_p[k] = p.to(Float16)
+            cute.autovec_copy(r_p, t_sp)
+            cute.arch.fence_proxy(
+                cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
+            )
+            cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
+            for k in cutlass.range_constexpr(cute.size(acc_o)):
+                acc_o[k] = acc_o[k] * alpha[accumulator_slot(k, rows)]
+            self._values(mma_o, acc_o, r_ob, kv, a_o, vruns, w, lane, tile_start, end, fp8_pipe,
+                         state)  # fmt: skip
+            state.advance()
+            state.advance()
+
+        # each group's row totals, then group 1's rows through the spent ring to group 0
+        for j in cutlass.range_constexpr(slots):
+            l_i[j] = column_sum(l_i[j])
+        if lane < 4:
+            for j in cutlass.range_constexpr(slots):
+                red[accumulator_column(j, lane), w, wg, 0] = l_i[j]
+        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
+        if w == 0 and lane < 4:
+            for j in cutlass.range_constexpr(slots):
+                n = accumulator_column(j, lane)
+                s_sum[n, wg] = (
+                    red[n, 0, wg, 0] + red[n, 1, wg, 0] + red[n, 2, wg, 0] + red[n, 3, wg, 0]
+                )
+                s_max[n, wg] = m_i[j]
+        cute.arch.barrier(barrier_id=_BOTH_GROUPS, number_of_threads=256)
+        handover = cute.make_tensor(
+            cute.recast_ptr(s_fp8.iterator, dtype=Float32),
+            cute.make_layout((cute.size(acc_o), 128), stride=(128, 1)),
+        )
+        if wg == 1:
+            for k in cutlass.range_constexpr(cute.size(acc_o)):
+                handover[k, wg_tidx] = acc_o[k]
+        cute.arch.barrier(barrier_id=_BOTH_GROUPS, number_of_threads=256)
+        if wg == 0:
+            self._merge_and_store(
+                acc_o, handover, coords_o, s_q, s_max, s_sum, m_out, m_lse, m_part_o, m_part_lse,
+                out_scale, b * rows_per_req + row0, num_splits, split, rows_per_req, row0,
+                wg_tidx, lane,
+            )  # fmt: skip
+
+    @cute.jit
+    def _merge_and_store(
+        self, acc_o, handover, coords_o, s_q, s_max, s_sum, m_out, m_lse, m_part_o, m_part_lse,
+        out_scale, first_row, num_splits, split, rows_per_req, row0, tid, lane,
+    ):  # fmt: skip
+        """Group 0: its rows plus group 1's (each rescaled to the larger of the two maxima),
+        normalised and stored: the final bf16 rows (gathered in the spent query block and
+        stored whole) and natural-log LSE, or a split's fp32 partial and base-2 LSE."""
+        slots = self.rows // 4
+        w0 = cute.make_rmem_tensor((slots,), Float32)
+        w1 = cute.make_rmem_tensor((slots,), Float32)
+        for j in cutlass.range_constexpr(slots):
+            n = accumulator_column(j, lane % 4)
+            m0, m1 = s_max[n, 0], s_max[n, 1]
+            m = cute.arch.fmax(m0, m1)
+            a0 = Float32(0.0)
+            a1 = Float32(0.0)
+            if m0 != _NEG_INF:
+                a0 = Float32(cute.math.exp2(m0 - m, fastmath=True))
+            if m1 != _NEG_INF:
+                a1 = Float32(cute.math.exp2(m1 - m, fastmath=True))
+            total = s_sum[n, 0] * a0 + s_sum[n, 1] * a1
+            inv = Float32(0.0)
+            if total > 0.0:
+                inv = out_scale / total
+            w0[j] = a0 * inv
+            w1[j] = a1 * inv
+        final = cutlass.const_expr(not self.split)
+        if cutlass.const_expr(final):
+            staged = staged_rows(cute.recast_ptr(s_q.iterator, dtype=BFloat16), self.rows,
+                                 D_LATENT)  # fmt: skip
+        for k in cutlass.range_constexpr(cute.size(acc_o)):
+            d, n = coords_o[k]
+            j = accumulator_slot(k, self.rows)
+            value = acc_o[k] * w0[j] + handover[k, tid] * w1[j]
+            dim = lay.value_dim(d)
+            if cutlass.const_expr(final):
+                staged[n, dim] = value.to(BFloat16)
+            elif row0 + n < rows_per_req:
+                m_part_o[(first_row + n) * num_splits + split, dim] = value
+        if cutlass.const_expr(final):
+            cute.arch.barrier(barrier_id=1, number_of_threads=128)
+            store_staged_rows(staged, m_out, first_row, rows_per_req - row0, tid, 128)
+        if tid < self.rows:
+            n = tid
+            if row0 + n < rows_per_req:
+                m0, m1 = s_max[n, 0], s_max[n, 1]
+                m = cute.arch.fmax(m0, m1)
+                total = Float32(0.0)
+                if m0 != _NEG_INF:
+                    total = total + s_sum[n, 0] * Float32(cute.math.exp2(m0 - m, fastmath=True))
+                if m1 != _NEG_INF:
+                    total = total + s_sum[n, 1] * Float32(cute.math.exp2(m1 - m, fastmath=True))
+                lse2 = Float32(_NEG_INF)
+                if total > 0.0:
+                    lse2 = m + cute.math.log2(total)
+                if cutlass.const_expr(not final):
+                    m_part_lse[(first_row + n) * num_splits + split] = lse2
+                elif cutlass.const_expr(self.write_lse):
+                    m_lse[first_row + n] = lse2 * math.log(2.0)

@@ -1,0 +1,98 @@
+"""Where the register-widening FP8 decode (``cute_decode_fp8_regs.py``) reads each value.
+
+That kernel widens the e4m3 cache straight into the A operands of its two wgmmas (``s^T = K
+q^T`` and ``o^T = V^T p^T``, A from registers), with no widened copy in shared memory. A
+register A operand of an m64 x k16 wgmma gives each thread fixed (row, column) slots: in warp
+``w`` of the group, lane ``l`` holds rows ``16 w + l // 4`` and ``+ 8``, columns ``2 (l % 4)``,
+``+ 1``, ``+ 8`` and ``+ 9`` (``a_slot``). Both products are free to permute their K axis
+(the scores' 576 dims, with the query permuted the same way; the values' 64 tokens, with
+``p^T`` in the same order) and their M axis (the tokens of ``s^T``; the 512 dims of ``o^T``,
+undone where the output is stored), so the permutations below make every thread's share of
+a tile a few 16-byte runs of shared memory:
+
+* scores: a thread loads 16 consecutive dims of each of its two tokens per 64-dim group
+  (``score_load``); the four words of each run are the four k-blocks' pairs of columns
+  (``query_element``: where the query's dims go so that they meet the right cache dims).
+* values: a thread owns 16 consecutive dims of the output (``value_dim``) and loads them for
+  each of its four tokens per k-block of 16 tokens (``value_load``); a byte permute pairs two
+  tokens' bytes of one dim, the pair a column pair of the A operand.
+* the tile's tokens go through ``tile_token`` (bit 0 flipped where bit 1 is set), so that the
+  8 lanes of one 16-byte shared load read rows of both parities: the 576-byte rows then put
+  their runs in different banks (conflict-free for the scores, 2-way for the values, where
+  rows in natural order conflict 4-way).
+
+Pure integer functions of plain ``int`` (or DSL integers): the kernel and the CPU test
+(``tests/unit/mla/test_fp8_regs_layout.py``, which rebuilds both A operands thread by thread
+and compares them with the matrices they stand for) use the same ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GROUP = 64  # dims of the scores per group of four k-blocks (a thread's 16-byte run each)
+DIMS_PER_WARP = 128  # of the 512 value dims, per warp of the group
+
+
+def a_slot(warp: Any, lane: Any, e: int) -> tuple[Any, Any]:
+    """The (row, column) in an m64 x k16 A operand of element ``e`` (0-7) of a thread's
+    registers, in the order CuTe lists them: column pair, row half, 8-column block."""
+    row = 16 * warp + lane // 4 + 8 * ((e // 2) % 2)
+    col = 2 * (lane % 4) + e % 2 + 8 * (e // 4)
+    return row, col
+
+
+def tile_token(m: Any) -> Any:
+    """The tile's token (0-63) at position ``m`` of both products' token axis (an involution)."""
+    return m ^ ((m >> 1) & 1)
+
+
+def query_element(p: Any) -> Any:
+    """Where the scores' K order puts the query's 32-bit word ``p`` (dims ``2p``, ``2p + 1``,
+    0-287): the position of its first value (the second follows it)."""
+    g = p // 32
+    q = (p % 32) // 8
+    j = (p % 8) // 2
+    return g * GROUP + j * 16 + 2 * q + 8 * (p % 2)
+
+
+def score_load(warp: Any, lane: Any, g: int) -> tuple[Any, Any, Any]:
+    """A thread's two 16-byte runs of group ``g``: (first token, second token, first dim)."""
+    m = 16 * warp + lane // 4
+    return tile_token(m), tile_token(m + 8), g * GROUP + 16 * (lane % 4)
+
+
+def score_word(j: int, second_token: int, high: int) -> int:
+    """The A operand's 32-bit register (0-15, four k-blocks of four) that widens half ``high``
+    of word ``j`` of a thread's run of its first or ``second_token``."""
+    return second_token + 2 * high + 4 * j
+
+
+def value_dim(d: Any) -> Any:
+    """The latent dim at row ``d`` (0-511) of ``o^T``."""
+    i = d // 64
+    within = d % 64
+    warp = within // 16
+    half = (within % 16) // 8
+    return warp * DIMS_PER_WARP + (within % 8) * 16 + 2 * i + half
+
+
+def value_load(warp: Any, lane: Any, c: int) -> tuple[list[Any], Any]:
+    """A thread's four 16-byte runs of k-block ``c`` (tokens ``16 c`` to ``16 c + 15``): the
+    tokens, in the order of columns ``2 (l % 4)``, ``+ 1``, ``+ 8``, ``+ 9``, and the first dim."""
+    first = 16 * c + 2 * (lane % 4)
+    tokens = [tile_token(first + k) for k in (0, 1, 8, 9)]
+    return tokens, warp * DIMS_PER_WARP + (lane // 4) * 16
+
+
+# byte permutes that pair word u of two tokens' runs: dims 4u, 4u + 1 (low) or 4u + 2, 4u + 3
+PAIR_LOW = 0x5140
+PAIR_HIGH = 0x7362
+
+
+def value_word(u: int, second_pair: int, high_pair: int, high: int) -> int:
+    """The A operand's 32-bit register (0-31: eight M tiles of four) that widens half ``high``
+    of the ``PAIR_HIGH`` (or ``PAIR_LOW``) permute of word ``u`` of the first (or second) pair
+    of a thread's tokens."""
+    delta = 2 * high_pair + high  # dim 4u + delta of the run
+    return delta % 2 + 2 * second_pair + 4 * (2 * u + delta // 2)
