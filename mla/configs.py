@@ -243,7 +243,7 @@ def cute_decode_plan(
         # more than 32 rows: one CTA per 64 (cute_seesaw_pairs_fp8.py), each reading the
         # cache once, 1.33-1.36x faster at 64 and 128 heads than blocks of 32 rows that each
         # read it (H200, docs/mla.md)
-        fp8_layout = cfg.get("layout", "pairs" if rows_per_req > 32 else "tokens")
+        fp8_layout = cfg.get("layout", "pairs" if rows_per_req > 32 else "regs")
         if fp8_layout == "pairs":
             # a 16-bit ring of one pair of 32-token tiles fed by two 32-token FP8 slots; the
             # producer warp group widens with 72 registers a thread (the consumers keep 216),
@@ -260,9 +260,22 @@ def cute_decode_plan(
                 raise ValueError("the FP8 pairs decode's 16-bit ring is one pair: stages=2")
             if int(cfg["widener_regs"]) not in (40, 56, 72):
                 raise ValueError(f"widener_regs={cfg['widener_regs']}: 40, 56 or 72")
+        elif fp8_layout == "regs":
+            # up to 32 rows, widened in the consumers' registers (cute_decode_fp8_regs.py):
+            # two consumer groups taking turns on tiles, FP8 slots in the shared memory the
+            # query and p^T leave (5 at 16 rows, 4 at 32); 0.86x / 0.97x the tokens kernel's
+            # time at 16 / 32 heads with per-token scales, 0.78x / 0.91x per-tensor (H200)
+            if int(cfg.get("rows", 32)) not in (16, 32):
+                raise ValueError(f"rows={cfg['rows']}: the FP8 CuTe decode takes 16 or 32 per CTA")
+            rows_regs = int(cfg.get("rows", 16 if rows_per_req <= 16 else 32))
+            cfg = {"stages": 0, "fp8_stages": 5 if rows_regs == 16 else 4, "converter_wgs": 0,
+                   "wgs": 2, "rows": rows_regs, "mma_dtype": "f16", "layout": "regs",
+                   **cfg}  # fmt: skip
+            if cfg["mma_dtype"] != "f16" or int(cfg["stages"]) or int(cfg["fp8_stages"]) < 2:
+                raise ValueError("the FP8 register decode multiplies in f16, from 2+ FP8 slots")
         elif fp8_layout != "tokens":
             raise ValueError(
-                f"layout={fp8_layout!r}: the FP8 CuTe decode takes 'tokens' or 'pairs'"
+                f"layout={fp8_layout!r}: the FP8 CuTe decode takes 'tokens', 'pairs' or 'regs'"
             )
         else:
             if int(cfg.get("rows", 32)) not in (16, 32):
@@ -275,7 +288,9 @@ def cute_decode_plan(
         if cfg["mma_dtype"] not in ("bf16", "f16"):
             raise ValueError(f"mma_dtype={cfg['mma_dtype']!r}: 'bf16' or 'f16'")
     layout = str(cfg.get("layout", "tokens" if rows_per_req <= 32 else "pairs"))
-    if layout not in ("tokens", "heads", "pairs"):
+    if layout == "regs" and not fp8:
+        raise ValueError("layout='regs' widens an FP8 cache: a bf16 cache takes the others")
+    if layout not in ("tokens", "heads", "pairs", "regs"):
         raise ValueError(f"layout={layout!r}: expected 'tokens', 'heads' or 'pairs'")
     if layout in ("heads", "pairs"):
         rows, wgs = 64, 2
@@ -283,7 +298,7 @@ def cute_decode_plan(
         rows = int(cfg.get("rows", 16 if rows_per_req <= 16 else 32 if rows_per_req <= 32 else 64))
         # two consumer groups at 32 rows measured -0.6 to +3 % against one (H200, within the
         # noise of a run: docs/mla.md); 16 rows over two groups (8 each) does not compile
-        wgs = int(cfg.get("wgs", 1 if rows <= 32 else 2))
+        wgs = int(cfg.get("wgs", 1 if rows <= 32 or layout == "regs" else 2))
     row_blocks = -(-rows_per_req // rows)
     if page_size >= CUTE_TILE and page_size % CUTE_TILE:
         raise ValueError(f"page_size={page_size}: pages of 64 tokens or more must hold whole tiles")
@@ -323,7 +338,9 @@ def cute_decode_plan(
     if fp8:  # query + bf16 tiles + p + FP8 slots must fit the SM's 227 KiB of shared memory
         need = rows * 576 * 2 + stages * tile * 576 * 2 + CUTE_TILE * rows * 2
         need += fp8_stages * tile * 576
-        if stages < 1 or fp8_stages < 1 or need > 224 * 1024:
+        if layout == "regs":  # query, two p^T, the FP8 slots
+            need = rows * 576 * 2 + 2 * CUTE_TILE * rows * 2 + fp8_stages * tile * 576
+        if (stages < 1 and layout != "regs") or fp8_stages < 1 or need > 224 * 1024:
             raise ValueError(f"FP8 decode: {stages} bf16 tiles + {fp8_stages} FP8 slots at "
                              f"{rows} rows need {need} bytes of shared memory")  # fmt: skip
     return {

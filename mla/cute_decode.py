@@ -755,10 +755,17 @@ def _unused_partials(device: Any) -> tuple[Any, Any]:
 def decode_kernel(spec: dict[str, Any]) -> Any:
     """The kernel object a launch spec names (built, not compiled); the spec's fields are the
     plan's that shape the compiled code (``_kernel_spec``)."""
-    if spec["fp8"] and spec["layout"] == "pairs":
+    if spec["fp8"] and spec["layout"] == "regs":
+        from .cute_decode_fp8_regs import MlaDecodeFp8RegsSm90
+
+        kernel: Any = MlaDecodeFp8RegsSm90(
+            spec["rows"], spec["page_block"], spec["fp8_stages"], spec["split"],
+            spec["write_lse"], spec["per_token"], spec["ablation"],
+        )  # fmt: skip
+    elif spec["fp8"] and spec["layout"] == "pairs":
         from .cute_seesaw_pairs_fp8 import MlaDecodeSeesawPairsFp8Sm90
 
-        kernel: Any = MlaDecodeSeesawPairsFp8Sm90(
+        kernel = MlaDecodeSeesawPairsFp8Sm90(
             spec["page_block"], spec["fp8_stages"], spec["split"], spec["write_lse"],
             spec["per_token"], spec["ablation"], spec["widener_regs"], spec["mma_dtype"] == "f16",
         )  # fmt: skip
@@ -920,7 +927,9 @@ def mla_decode(
         spec = _kernel_spec(plan, False, False, False, return_lse, ablation)
         _compiled(spec, args)(*args)
         return (out, lse) if return_lse else out
-    if plan["mma_dtype"] == "f16":  # the kernel converts the query (its bits, copied as f16)
+    if plan["layout"] == "regs":  # the kernel reads the query's pairs of values as words
+        q2d = q2d.view(torch.int32)
+    elif plan["mma_dtype"] == "f16":  # the kernel converts the query (its bits, copied as f16)
         q2d = q2d.view(torch.float16)
     args = (
         cute_tensor(q2d), kv_arg, *scale_arg, cute_tensor(block_tables, 4, all_dynamic=True),

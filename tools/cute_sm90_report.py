@@ -163,6 +163,17 @@ def _mla_decode_fp8_args(heads: int, page_size: int, *, split: bool, per_token: 
     return (q, cache, scale, *rest)
 
 
+def _mla_decode_fp8_regs_args(heads: int, page_size: int):
+    """Example arguments of the register-widening FP8 decode: the FP8 ones (per-token scales,
+    one split) with the query as 32-bit words, its pairs of values."""
+    import torch
+
+    from tokenspeed.kernels.cute_ops.common import cute_tensor as _cute_tensor
+
+    _, *rest = _mla_decode_fp8_args(heads, page_size, split=False, per_token=True)
+    return (_cute_tensor(torch.empty(4 * heads, 288, dtype=torch.int32)), *rest)
+
+
 def _mla_decode_persistent_args(rows: int, page_size: int, ctas: int = 132):
     """Example arguments of the persistent MLA decode: the bf16 ones (``rows`` heads of one
     query token) with two part slots per CTA, the part counts, and the grid size."""
@@ -185,9 +196,10 @@ def _mla_decode_persistent_args(rows: int, page_size: int, ctas: int = 132):
 
 def main() -> None:
     """Report the MLA decode kernels: KV tokens on M (16/64 rows), the persistent grid,
-    64 rows on M (seesaw of one tile, of pairs), FP8 (tokens on M, pairs)."""
+    64 rows on M (seesaw of one tile, of pairs), FP8 (tokens on M, in registers, pairs)."""
     from tokenspeed.mla.cute_decode import MlaDecodeSm90
     from tokenspeed.mla.cute_decode_fp8 import MlaDecodeFp8Sm90
+    from tokenspeed.mla.cute_decode_fp8_regs import MlaDecodeFp8RegsSm90
     from tokenspeed.mla.cute_decode_persistent import MlaDecodePersistentSm90
     from tokenspeed.mla.cute_seesaw import MlaDecodeSeesawSm90
     from tokenspeed.mla.cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
@@ -214,6 +226,10 @@ def main() -> None:
     fp8 = MlaDecodeFp8Sm90(32, 64, 2, 1, False, True, per_token=True, converter_wgs=2)
     report = compile_report(fp8, *_mla_decode_fp8_args(32, 64, split=False, per_token=True))
     print(f"{'FP8 cache, 32 rows, 2 + 1, two converters':<40} {report}")
+    for rows, slots in ((16, 5), (32, 4)):  # the plan's register-widening FP8 kernels
+        regs = MlaDecodeFp8RegsSm90(rows, 64, slots, False, True, per_token=True)
+        report = compile_report(regs, *_mla_decode_fp8_regs_args(rows, 64))
+        print(f"{f'FP8 cache, {rows} rows, in registers':<40} {report}")
     fp8_pairs = MlaDecodeSeesawPairsFp8Sm90(32, 2, False, True, per_token=True)
     report = compile_report(fp8_pairs, *_mla_decode_fp8_args(64, 64, split=False, per_token=True))
     print(f"{'FP8 cache, 64 rows, pairs, 2 FP8 slots':<40} {report}")

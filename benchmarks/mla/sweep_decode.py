@@ -87,7 +87,8 @@ def variants(
         # 16-bit tiles + FP8 slots of the converter pipeline (cute_decode_fp8.py); "x2": two
         # converter warp groups; "ablation no_mma": the consumer without its products (where
         # the time goes; output wrong by design)
-        one, two = {"converter_wgs": 1}, {"converter_wgs": 2}
+        one = {"layout": "tokens", "converter_wgs": 1}
+        two = {"layout": "tokens", "converter_wgs": 2}
         rings = {
             "2+1": {"stages": 2, "fp8_stages": 1, **one},
             "2+1 x2": {"stages": 2, "fp8_stages": 1, **two},
@@ -119,6 +120,13 @@ def variants(
         # bf16 products (the default until the twenty-seventh session: about four integer
         # ops and a multiply per pair of values instead of one f16 conversion)
         rings["pairs 2+2 bf16"] = {**pairs, "mma_dtype": "bf16"}
+        # 16-32 rows widened in the consumers' registers (cute_decode_fp8_regs.py): five FP8
+        # slots (the plan's), fewer, and the ring filled from L2
+        regs = {"layout": "regs"}
+        rings["regs"] = regs
+        for slots in (3, 4):
+            rings[f"regs {slots}"] = {**regs, "fp8_stages": slots}
+        rings["regs ablation l2_loads"] = {**regs, "ablation": "l2_loads"}
         for ring, cfg in rings.items():
             out.append((
                 f"cute fp8 ring {ring}",

@@ -266,12 +266,18 @@ def _expected_fp8(q, cache8, scale, tables, seq):
                                 kv_scale=scale)  # fmt: skip
 
 
+_TOKENS = {"layout": "tokens"}
 FP8_CONFIGS = {
-    "ring 1+3": {"stages": 1, "fp8_stages": 3},
-    "ring 2+1": {"stages": 2, "fp8_stages": 1},
-    "ring 2+1, two converter groups": {"stages": 2, "fp8_stages": 1, "converter_wgs": 2},
-    # the plan's products multiply in f16 (widened by hardware conversion, the query as f16)
-    "bf16 products": {"mma_dtype": "bf16"},
+    # the tokens kernel (16-bit tiles widened by converter groups): its rings, and bf16
+    # products (f16 by default: widened by hardware conversion, the query as f16)
+    "ring 1+3": {**_TOKENS, "stages": 1, "fp8_stages": 3},
+    "ring 2+1": {**_TOKENS, "stages": 2, "fp8_stages": 1},
+    "ring 2+1, two converter groups": {**_TOKENS, "stages": 2, "fp8_stages": 1, "converter_wgs": 2},
+    "bf16 products": {**_TOKENS, "mma_dtype": "bf16"},
+    # widened in the consumers' registers (cute_decode_fp8_regs.py): the plan's five FP8
+    # slots, and two (each consumer group one tile in flight)
+    "registers": {"layout": "regs"},
+    "registers, two slots": {"layout": "regs", "fp8_stages": 2},
 }
 
 
@@ -288,11 +294,11 @@ def test_fp8_cache_ragged(heads, q_len, splits, per_token, config):
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
-@pytest.mark.parametrize("layout", ["tokens", "pairs"])
+@pytest.mark.parametrize("layout", ["tokens", "pairs", "regs"])
 @pytest.mark.parametrize("page", [16, 32, 128])
 def test_fp8_cache_page_sizes(page, layout):
     lens = [300, 17, 256, 0]
-    heads = 16 if layout == "tokens" else 64
+    heads = 64 if layout == "pairs" else 16
     q, cache, tables, seq = _problem(lens, heads, 1, page, seed=page)
     cache8, scale = _fp8(cache, True)
     out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale,
@@ -317,16 +323,16 @@ def test_fp8_registry_picks_it_at_any_head_count():
     torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("layout", ["tokens", "plan"])
+@pytest.mark.parametrize("layout", ["tokens", "regs", "plan"])
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("heads,q_len", [(64, 1), (32, 2), (128, 1), (24, 3)])
 def test_fp8_cache_more_than_32_rows(heads, q_len, per_token, layout):
     """The plan's blocks of 64 rows (the pairs kernel), or blocks of 32 rows of the tokens
-    kernel, each CTA reading the cache for its own block."""
+    or register kernel, each CTA reading the cache for its own block."""
     lens = [700, 0, q_len, 300]
     q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads * q_len)
     cache8, scale = _fp8(cache, per_token)
-    config = {"layout": "tokens"} if layout == "tokens" else None
+    config = None if layout == "plan" else {"layout": layout}
     out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale, config=config)
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
@@ -358,9 +364,9 @@ def test_fp8_pairs_ragged(heads, q_len, splits, per_token, ring):
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
-@pytest.mark.parametrize("heads", [16, 64])  # the tokens kernel, the pairs kernel
+@pytest.mark.parametrize("heads,layout", [(16, "tokens"), (64, "pairs"), (32, "regs")])
 @pytest.mark.parametrize("per_token", [False, True])
-def test_fp8_f16_query_range(per_token, heads):
+def test_fp8_f16_query_range(per_token, heads, layout):
     """f16 products take the query scaled by 2^-4: dims of 1e5 (past f16's 65504 unscaled)
     and of 1e-3 (subnormal in f16 once scaled) still match the reference."""
     lens = [900, 64, 333]
@@ -371,7 +377,7 @@ def test_fp8_f16_query_range(per_token, heads):
     q = (q.float() * scale).bfloat16()
     cache8, kv_scale = _fp8(cache, per_token)
     out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=kv_scale,
-                    config={"mma_dtype": "f16"})  # fmt: skip
+                    config={"mma_dtype": "f16", "layout": layout})  # fmt: skip
     _check(out, lse, *_expected_fp8(q, cache8, kv_scale, tables, seq), seq)
 
 
@@ -380,6 +386,7 @@ FP8_LAYOUTS = {
     "pairs": {"layout": "pairs"},
     "tokens bf16": {"layout": "tokens", "mma_dtype": "bf16"},
     "pairs bf16": {"layout": "pairs", "mma_dtype": "bf16"},
+    "regs": {"layout": "regs"},
 }
 
 
@@ -414,7 +421,7 @@ def test_fp8_every_byte_widens_exactly(per_token, layout):
     torch.testing.assert_close(lse[:, 0], score * SCALE, atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("heads,layout", [(16, "tokens"), (128, "pairs")])
+@pytest.mark.parametrize("heads,layout", [(16, "tokens"), (128, "pairs"), (16, "regs")])
 def test_fp8_cuda_graph_replay_with_new_lengths(heads, layout):
     from tokenspeed.mla import configs, cute_decode
 

@@ -200,21 +200,42 @@ def test_cute_persistent_plan_one_cta_per_sm():
 
 
 def test_cute_fp8_decode_plan_rings_and_limits():
+    # up to 32 rows: widened in registers by two consumer groups, FP8 slots in the shared
+    # memory the query and p^T leave (query 36 + 2 x 4 + 4 x 36 KiB at 32 rows; 5 fit at 16)
     plan = configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True)
+    assert (plan["layout"], plan["rows"], plan["wgs"], plan["mma_dtype"]) == ("regs", 32, 2, "f16")
+    assert (plan["stages"], plan["fp8_stages"], plan["converter_wgs"]) == (0, 4, 0)
+    small = configs.cute_decode_plan(128, 1, 16, 4096, 64, fp8=True)
+    assert (small["layout"], small["rows"], small["fp8_stages"]) == ("regs", 16, 5)
+    mtp = configs.cute_decode_plan(8, 3, 8, 4096, 16, fp8=True)  # 24 rows: one 32-row block
+    assert (mtp["layout"], mtp["rows"], mtp["row_blocks"], mtp["page_block"]) == ("regs", 32, 1, 16)
+    regs = {"layout": "regs"}
+    assert configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True,
+                                    config={**regs, "fp8_stages": 5})["fp8_stages"] == 5  # fmt: skip
+    with pytest.raises(ValueError, match="shared memory"):  # a sixth slot at 32 rows
+        configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True, config={**regs, "fp8_stages": 6})
+    with pytest.raises(ValueError, match="f16, from 2"):
+        configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True, config={**regs, "fp8_stages": 1})
+    with pytest.raises(ValueError, match="f16, from 2"):
+        configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True, config={**regs, "mma_dtype": "bf16"})
+    with pytest.raises(ValueError, match="widens an FP8 cache"):
+        configs.cute_decode_plan(8, 1, 32, 4096, 64, config=regs)
+    # the tokens kernel (16-bit tiles widened by converter groups) on request
+    tokens = {"layout": "tokens"}
+    plan = configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True, config=tokens)
     assert (plan["layout"], plan["rows"], plan["wgs"]) == ("tokens", 32, 1)
     assert (plan["stages"], plan["fp8_stages"], plan["converter_wgs"]) == (2, 1, 2)
     deep = configs.cute_decode_plan(8, 1, 16, 4096, 16, fp8=True,
-                                    config={"stages": 1, "fp8_stages": 3})  # fmt: skip
+                                    config={**tokens, "stages": 1, "fp8_stages": 3})  # fmt: skip
     assert (deep["stages"], deep["fp8_stages"], deep["page_block"]) == (1, 3, 16)
     with pytest.raises(ValueError, match="shared memory"):  # 2 x 72 + 3 x 36 KiB + query
         configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True,
-                                 config={"stages": 2, "fp8_stages": 3})  # fmt: skip
-    tokens = {"layout": "tokens"}
+                                 config={**tokens, "stages": 2, "fp8_stages": 3})  # fmt: skip
     wide = configs.cute_decode_plan(8, 2, 64, 4096, 64, fp8=True, config=tokens)  # 4 x 32 rows
     assert (wide["layout"], wide["rows"], wide["wgs"], wide["row_blocks"]) == ("tokens", 32, 1, 4)
     with pytest.raises(ValueError, match="16 or 32 per CTA"):
         configs.cute_decode_plan(8, 2, 32, 4096, 64, fp8=True, config={**tokens, "rows": 64})
-    with pytest.raises(ValueError, match="'tokens' or 'pairs'"):
+    with pytest.raises(ValueError, match="'tokens', 'pairs' or 'regs'"):
         configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True, config={"layout": "heads"})
     assert configs.cute_decode_plan(8, 1, 16, 4096, 64)["fp8_stages"] == 0  # bf16: none
 
@@ -234,10 +255,11 @@ def test_cute_fp8_pairs_plan():
     assert (bf16["layout"], bf16["mma_dtype"]) == ("pairs", "bf16")
     with pytest.raises(ValueError, match="'bf16' or 'f16'"):
         configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={"mma_dtype": "fp8"})
-    tokens = configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True)
+    tokens = configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True, config={"layout": "tokens"})
     assert (tokens["layout"], tokens["mma_dtype"]) == ("tokens", "f16")
     with pytest.raises(ValueError, match="'bf16' or 'f16'"):
-        configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True, config={"mma_dtype": "f32"})
+        configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True,
+                                 config={"layout": "tokens", "mma_dtype": "f32"})  # fmt: skip
     mtp = configs.cute_decode_plan(8, 3, 16, 4096, 16, fp8=True)  # 48 rows: one block
     assert (mtp["layout"], mtp["row_blocks"], mtp["page_block"]) == ("pairs", 1, 16)
     pairs = {"layout": "pairs"}
@@ -308,6 +330,7 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     cutlass = pytest.importorskip("cutlass")
     from tokenspeed.mla import cute_decode
     from tokenspeed.mla.cute_decode_fp8 import MlaDecodeFp8Sm90
+    from tokenspeed.mla.cute_decode_fp8_regs import MlaDecodeFp8RegsSm90
     from tokenspeed.mla.cute_seesaw import MlaDecodeSeesawSm90
     from tokenspeed.mla.cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
     from tokenspeed.mla.cute_seesaw_pairs_fp8 import MlaDecodeSeesawPairsFp8Sm90
@@ -329,9 +352,17 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     assert isinstance(tokens, cute_decode.MlaDecodeSm90) and not tokens.page_prefetch
     heads = build(configs.cute_decode_plan(128, 1, 64, 4096, 64, config={"layout": "heads"}))
     assert isinstance(heads, MlaDecodeSeesawSm90)
-    fp8 = build(configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True), fp8=True)
+    fp8_tokens = configs.cute_decode_plan(
+        128, 1, 32, 4096, 64, fp8=True, config={"layout": "tokens"}
+    )
+    fp8 = build(fp8_tokens, fp8=True)
     assert isinstance(fp8, MlaDecodeFp8Sm90) and not fp8.page_prefetch
     assert fp8.mma_dtype is cutlass.Float16 and tokens.mma_dtype is cutlass.BFloat16
+    regs = build(configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True), fp8=True)
+    assert isinstance(regs, MlaDecodeFp8RegsSm90) and regs.per_token
+    assert (regs.rows, regs.fp8_stages, regs.threads, regs.value_buffers) == (32, 4, 384, 1)
+    # setmaxnreg moves registers within the launch's 168 x 384: 2 x 240 + 24 = 3 x 168
+    assert 2 * regs.consumer_regs + regs.loader_regs == 3 * 168
     fp8_pairs = build(configs.cute_decode_plan(128, 1, 128, 4096, 16, fp8=True), fp8=True)
     assert isinstance(fp8_pairs, MlaDecodeSeesawPairsFp8Sm90) and fp8_pairs.per_token
     assert (fp8_pairs.tile, fp8_pairs.stages, fp8_pairs.ring_pairs, fp8_pairs.fp8_stages) == (
