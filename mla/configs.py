@@ -338,8 +338,8 @@ def cute_decode_plan(
     if fp8:  # query + bf16 tiles + p + FP8 slots must fit the SM's 227 KiB of shared memory
         need = rows * 576 * 2 + stages * tile * 576 * 2 + CUTE_TILE * rows * 2
         need += fp8_stages * tile * 576
-        if layout == "regs":  # query, two p^T, the FP8 slots
-            need = rows * 576 * 2 + 2 * CUTE_TILE * rows * 2 + fp8_stages * tile * 576
+        if layout == "regs":  # query, two p^T, the FP8 slots with their per-token scales
+            need = rows * 576 * 2 + 2 * CUTE_TILE * rows * 2 + fp8_stages * tile * (576 + 4)
         if (stages < 1 and layout != "regs") or fp8_stages < 1 or need > 224 * 1024:
             raise ValueError(f"FP8 decode: {stages} bf16 tiles + {fp8_stages} FP8 slots at "
                              f"{rows} rows need {need} bytes of shared memory")  # fmt: skip

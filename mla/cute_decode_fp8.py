@@ -166,9 +166,12 @@ class Fp8TileLoader:
 
     @cute.jit
     def _load_tiles(
-        self, bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end, n_tiles, page_size
-    ):
-        """The loader warp's tiles: every FP8 tile of the split, by bulk copies into the ring.
+        self, bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end, n_tiles, page_size,
+        scale_atom=None, m_scale=None, slot_scale=None,
+    ):  # fmt: skip
+        """The loader warp's tiles: every FP8 tile of the split, by bulk copies into the ring,
+        and with ``slot_scale`` (token, slot) each page block's per-token scales beside it
+        (contiguous too; the ring's byte count must include them).
 
         A box past the split's end copies the split's first box instead (its bytes are read
         but never used: the consumers zero those tokens), so every slot receives the same
@@ -206,6 +209,20 @@ class Fp8TileLoader:
                 with cute.arch.elect_one():  # one bulk copy, not one per lane
                     cute.copy(bulk_atom, src, dst,
                               mbar_ptr=fp8_pipe.producer_get_barrier(state))  # fmt: skip
+                if cutlass.const_expr(slot_scale is not None):
+                    g_scale = cute.make_tensor(
+                        cute.make_ptr(Float32,
+                                      m_scale.iterator.toint()
+                                      + cutlass.Int64(box) * self.page_block * 4,
+                                      cute.AddressSpace.gmem, assumed_align=16),
+                        cute.make_layout(self.page_block),
+                    )  # fmt: skip
+                    s_scale = cute.local_tile(slot_scale[None, state.index], (self.page_block,),
+                                              (c,))  # fmt: skip
+                    src, dst = cpasync.group_bulk_copy_modes(g_scale, s_scale)
+                    with cute.arch.elect_one():
+                        cute.copy(scale_atom, src, dst,
+                                  mbar_ptr=fp8_pipe.producer_get_barrier(state))  # fmt: skip
             state.advance()
 
     @cute.jit

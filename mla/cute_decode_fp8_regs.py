@@ -160,6 +160,8 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
         box_bytes = self.page_block * D_QK
         bulk_atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), Uint8,
                                         num_bits_per_copy=box_bytes * 8)  # fmt: skip
+        scale_atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), Float32,
+                                         num_bits_per_copy=self.page_block * 32)  # fmt: skip
         rows = self.rows
 
         @cute.struct
@@ -171,11 +173,13 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
             s_q: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(q_layout)], 1024]
             s_p: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(p_layout)], 1024]
             s_fp8: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(fp8_layout)], 128]
+            # per-token scales, bulk-copied beside each slot's tile (token, slot)
+            slot_scale: cute.struct.Align[cute.struct.MemRange[Float32, TILE * self.fp8_stages], 16]
 
         self.shared_storage = SharedStorage
         self.kernel(
-            mma_s, mma_o, bulk_atom, m_q, m_kv, m_scale, q_layout, p_layout, fp8_layout,
-            m_bt, m_seq, m_out, m_lse, m_part_o, m_part_lse,
+            mma_s, mma_o, bulk_atom, scale_atom, m_q, m_kv, m_scale, q_layout, p_layout,
+            fp8_layout, m_bt, m_seq, m_out, m_lse, m_part_o, m_part_lse,
             scale_log2, q_len, num_heads, num_splits, page_size,
         ).launch(
             grid=[row_blocks, num_splits, batch], block=[self.threads, 1, 1], stream=stream,
@@ -190,6 +194,7 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
         mma_s: cute.TiledMma,
         mma_o: cute.TiledMma,
         bulk_atom: cute.CopyAtom,
+        scale_atom: cute.CopyAtom,
         m_q: cute.Tensor,
         m_kv: cute.Tensor,
         m_scale: cute.Tensor,
@@ -216,14 +221,15 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         s_fp8 = storage.s_fp8.get_tensor(fp8_layout)
-        # FP8 ring: bulk copies complete its full barriers; the 4 warps of the consumer group
-        # whose tile a slot holds empty it
+        slot_scale = storage.slot_scale.get_tensor(cute.make_layout((TILE, self.fp8_stages)))
+        # FP8 ring: bulk copies (the tile, and its scales) complete its full barriers; the 4
+        # warps of the consumer group whose tile a slot holds empty it
         fp8_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.fp8_full_empty.data_ptr(),
             num_stages=self.fp8_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
-            tx_count=TILE * D_QK,
+            tx_count=TILE * D_QK + (TILE * 4 if self.per_token else 0),
             defer_sync=True,
         )
         cute.arch.mbarrier_init_fence()
@@ -240,14 +246,19 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
         if warp >= self.loader_warp:
             cute.arch.warpgroup_reg_dealloc(self.loader_regs)
             if warp == self.loader_warp:
-                self._load_tiles(bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end,
-                                 n_tiles, page_size)  # fmt: skip
+                if cutlass.const_expr(self.per_token):
+                    self._load_tiles(bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end,
+                                     n_tiles, page_size, scale_atom, m_scale, slot_scale)  # fmt: skip
+                else:
+                    self._load_tiles(bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end,
+                                     n_tiles, page_size)  # fmt: skip
         else:
             cute.arch.warpgroup_reg_alloc(self.consumer_regs)
             self._query_to_smem(m_q, s_q[None, None, 0], b, rows_per_req, row0, tidx)
             cute.arch.barrier(barrier_id=_BOTH_GROUPS, number_of_threads=256)
             self._consume(
-                mma_s, mma_o, s_q, s_p, s_fp8, red, s_max, s_sum, fp8_pipe, m_scale, m_bt,
+                mma_s, mma_o, s_q, s_p, s_fp8, slot_scale, red, s_max, s_sum, fp8_pipe, m_scale,
+                m_bt,
                 m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits,
                 page_size, b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx,
                 warp,
@@ -342,8 +353,8 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
 
     @cute.jit
     def _consume(
-        self, mma_s, mma_o, s_q, s_p, s_fp8, red, s_max, s_sum, fp8_pipe, m_scale, m_bt, m_out,
-        m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, page_size, b,
+        self, mma_s, mma_o, s_q, s_p, s_fp8, slot_scale, red, s_max, s_sum, fp8_pipe, m_scale,
+        m_bt, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, page_size, b,
         split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp,
     ):  # fmt: skip
         """One consumer group: its tiles (every other one of the split), then the merge of both
@@ -398,12 +409,13 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
             tile_start = start + tile * TILE
             tok_scale = cute.make_rmem_tensor((2,), Float32)
             row_scale = cute.make_rmem_tensor((2,), Float32)
-            if cutlass.const_expr(self.per_token):  # in flight while the scores run
-                for h in cutlass.range_constexpr(2):
-                    tok_scale[h] = self._token_scale(m_scale, m_bt, b, tile_start + my_tokens[h],
-                                                     end, page_size)  # fmt: skip
             fp8_pipe.consumer_wait(state)
             kv = s_fp8[None, None, state.index]
+            if cutlass.const_expr(self.per_token):  # came with the tile (0 past the end)
+                for h in cutlass.range_constexpr(2):
+                    live = tile_start + my_tokens[h] < end
+                    tok_scale[h] = Float32(cutlass.select_(
+                        live, slot_scale[my_tokens[h], state.index], Float32(0.0)))  # fmt: skip
             self._scores(mma_s, acc_s, r_sb, kv, a_s, runs, w, lane)
             if cutlass.const_expr(self.per_token):
                 for h in cutlass.range_constexpr(2):

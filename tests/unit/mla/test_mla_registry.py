@@ -211,9 +211,11 @@ def test_cute_fp8_decode_plan_rings_and_limits():
     assert (mtp["layout"], mtp["rows"], mtp["row_blocks"], mtp["page_block"]) == ("regs", 32, 1, 16)
     regs = {"layout": "regs"}
     assert configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True,
-                                    config={**regs, "fp8_stages": 5})["fp8_stages"] == 5  # fmt: skip
-    with pytest.raises(ValueError, match="shared memory"):  # a sixth slot at 32 rows
-        configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True, config={**regs, "fp8_stages": 6})
+                                    config={**regs, "fp8_stages": 2})["fp8_stages"] == 2  # fmt: skip
+    with pytest.raises(ValueError, match="shared memory"):  # a fifth slot at 32 rows
+        configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True, config={**regs, "fp8_stages": 5})
+    with pytest.raises(ValueError, match="shared memory"):  # a sixth at 16
+        configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True, config={**regs, "fp8_stages": 6})
     with pytest.raises(ValueError, match="f16, from 2"):
         configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True, config={**regs, "fp8_stages": 1})
     with pytest.raises(ValueError, match="f16, from 2"):
