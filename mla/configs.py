@@ -224,9 +224,12 @@ def cute_decode_plan(
     one CTA fills an SM (the ring of 72 KiB tiles takes most of its shared memory), which
     sizes the split count.
 
-    An FP8 cache (``fp8``) takes, up to 32 rows per request, the tokens layout
-    (``cute_decode_fp8.py``) in blocks of 16 or 32 rows: ``stages`` bf16 tiles fed by
-    ``fp8_stages`` FP8 slots, converted by ``converter_wgs`` warp groups. More rows take the
+    An FP8 cache (``fp8``) takes, up to 32 rows per request, the register layout
+    (``layout="regs"``, ``cute_decode_fp8_regs.py``) in blocks of 16 or 32 rows: ``fp8_stages``
+    FP8 slots widened by two consumer warp groups straight into their wgmma operands (H200:
+    94 / 127 us at 16 / 32 heads against 119 / 141 us for the tokens layout). The tokens layout
+    (``cute_decode_fp8.py``) stays on request: ``stages`` 16-bit tiles fed by ``fp8_stages``
+    FP8 slots, converted by ``converter_wgs`` warp groups. More rows take the
     pairs layout (``cute_seesaw_pairs_fp8.py``) in blocks of 64, each reading the cache once:
     one pair of 32-token bf16 stages fed by ``fp8_stages`` 32-token FP8 slots, widened by the
     producer warp group's threads with ``widener_regs`` registers each (H200: 222 / 428 us at

@@ -22,10 +22,13 @@ its critical path, so a third role does it:
   ``Q_F16_SCALE`` to keep large queries in range; the scores undo it).
 
 Shared memory (32 rows): query 36 KiB + ``stages`` 16-bit tiles of 72 KiB + P 4 KiB +
-``fp8_stages`` FP8 slots of 36 KiB: two 16-bit tiles and one FP8 slot, or one and three. The
-plan's default (two and one, two converter groups) measured fastest (docs/mla.md). Without
-the products the loads, widening and hand-over alone take 106-109 us at 16 and 32 heads
-(about two thirds of the copy bandwidth); the products add 13-30 %.
+``fp8_stages`` FP8 slots of 36 KiB: two 16-bit tiles and one FP8 slot, or one and three (two
+and one with two converter groups measured fastest, docs/mla.md). Without the products the
+loads, widening and hand-over alone take 106-109 us at 16 and 32 heads (about two thirds of
+the copy bandwidth); the products add 13-30 %. Since the twenty-eighth session the plan takes
+``cute_decode_fp8_regs.py`` for 16-32 rows instead (widened in the consumers' registers, no
+16-bit copy: 1.27x / 1.11x faster at 16 / 32 heads); this kernel stays on request (plan
+layout ``"tokens"``).
 
 Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; bf16 query, e4m3 cache with a float32
 scale per tensor (one element) or per token. The launch wrapper is ``cute_decode.mla_decode``.
