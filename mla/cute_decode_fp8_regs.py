@@ -84,7 +84,6 @@ def byte_perm(a: Uint32, b: Uint32, selector: int, *, loc=None, ip=None) -> Uint
 class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
     """One compiled variant: rows (16/32), page copy size, FP8 slots, scale kind."""
 
-    consumer_wgs = 2
     loader_warp = 8
     threads = 384
     # setmaxnreg: the launch gives 64 K / 384 -> 168 registers a thread; the loader's group
@@ -254,8 +253,10 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
             cute.arch.warpgroup_reg_dealloc(self.loader_regs)
             if warp == self.loader_warp:
                 if cutlass.const_expr(self.per_token):
-                    self._load_tiles(bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end,
-                                     n_tiles, page_size, scale_atom, m_scale, slot_scale)  # fmt: skip
+                    self._load_tiles(
+                        bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end, n_tiles,
+                        page_size, scale_atom, m_scale, slot_scale,
+                    )  # fmt: skip
                 else:
                     self._load_tiles(bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end,
                                      n_tiles, page_size)  # fmt: skip
@@ -265,10 +266,8 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
             cute.arch.barrier(barrier_id=_BOTH_GROUPS, number_of_threads=256)
             self._consume(
                 mma_s, mma_o, s_q, s_p, s_fp8, slot_scale, red, s_max, s_sum, fp8_pipe, m_scale,
-                m_bt,
-                m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits,
-                page_size, b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx,
-                warp,
+                m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, b,
+                split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp,
             )  # fmt: skip
 
     @cute.jit
@@ -316,8 +315,8 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
             warpgroup.fence()
             for j in cutlass.range_constexpr(4):
                 mma_s.set(warpgroup.Field.ACCUMULATE, g + j > 0)
-                cute.gemm(mma_s, acc_s, a_s[g % len(a_s)][None, None, j], r_sb[None, None, 4 * g + j],
-                          acc_s)  # fmt: skip
+                a = a_s[g % len(a_s)][None, None, j]
+                cute.gemm(mma_s, acc_s, a, r_sb[None, None, 4 * g + j], acc_s)
             warpgroup.commit_group()
         warpgroup.wait_group(0)
 
@@ -361,8 +360,8 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
     @cute.jit
     def _consume(
         self, mma_s, mma_o, s_q, s_p, s_fp8, slot_scale, red, s_max, s_sum, fp8_pipe, m_scale,
-        m_bt, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, page_size, b,
-        split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp,
+        m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, b, split,
+        rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp,
     ):  # fmt: skip
         """One consumer group: its tiles (every other one of the split), then the merge of both
         groups' rows and, in group 0, the output."""
