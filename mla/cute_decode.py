@@ -61,6 +61,44 @@ D_QK = D_LATENT + D_ROPE
 _NEG_INF = -math.inf
 
 
+@cute.jit
+def running_max(
+    acc_s, m_i, l_i, red, rows: cutlass.Constexpr, warp_in_wg, wg, lane, parity
+):  # fmt: skip
+    """A tokens-on-M tile's step of the online softmax for one warp group: each row's max over
+    the tile's tokens (``acc_s``: scaled and masked scores), across its four warps through ``red[row, warp, group, parity]`` and the group's named
+    barrier ``1 + wg``; the running max ``m_i`` moves there and the denominators ``l_i`` are
+    rescaled. Returns ``(alpha, m_use)``: the factor the output is rescaled by, and the max to
+    subtract from the scores (0 for a row with nothing seen yet)."""
+    slots = rows // 4
+    tile_max = cute.make_rmem_tensor((slots,), Float32)
+    tile_max.fill(_NEG_INF)
+    for i in cutlass.range_constexpr(cute.size(acc_s)):
+        j = accumulator_slot(i, rows)
+        tile_max[j] = cute.arch.fmax(tile_max[j], acc_s[i])
+    for j in cutlass.range_constexpr(slots):
+        tile_max[j] = column_max(tile_max[j])
+    if lane < 4:
+        for j in cutlass.range_constexpr(slots):
+            red[accumulator_column(j, lane), warp_in_wg, wg, parity] = tile_max[j]
+    cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
+    alpha = cute.make_rmem_tensor((slots,), Float32)
+    m_use = cute.make_rmem_tensor((slots,), Float32)
+    for j in cutlass.range_constexpr(slots):
+        n = accumulator_column(j, lane % 4)
+        x = m_i[j]
+        for w in cutlass.range_constexpr(4):
+            x = cute.arch.fmax(x, red[n, w, wg, parity])
+        mu = x
+        if x == _NEG_INF:
+            mu = Float32(0.0)
+        alpha[j] = Float32(cute.math.exp2(m_i[j] - mu, fastmath=True))
+        m_use[j] = mu
+        m_i[j] = x
+        l_i[j] = l_i[j] * alpha[j]
+    return alpha, m_use
+
+
 class KvRingProducer:
     """What both CuTe decode kernels share: the TMA copies of the query block and of the paged
     KV tiles, and the producer warp that fills the ring.
@@ -569,8 +607,6 @@ class MlaDecodeSm90(KvRingProducer):
                     row_scale[h] = c.scale_log2 * tok_scale[h]
 
             # scale, mask (tokens past the split's end, causal query block), column max
-            tile_max = cute.make_rmem_tensor((slots,), Float32)
-            tile_max.fill(_NEG_INF)
             for i in cutlass.range_constexpr(cute.size(acc_s)):
                 if cutlass.const_expr(s_tok_scale is not None):
                     acc_s[i] = acc_s[i] * row_scale[(i // 2) % 2]
@@ -584,31 +620,8 @@ class MlaDecodeSm90(KvRingProducer):
                     pos = tile_start + m
                     if pos >= end or pos > first_t + row // c.num_heads:
                         acc_s[i] = Float32(_NEG_INF)
-            for i in cutlass.range_constexpr(cute.size(acc_s)):
-                j = accumulator_slot(i, rpw)
-                tile_max[j] = cute.arch.fmax(tile_max[j], acc_s[i])
-            for j in cutlass.range_constexpr(slots):
-                tile_max[j] = column_max(tile_max[j])
-            parity = tile % 2
-            if lane < 4:
-                for j in cutlass.range_constexpr(slots):
-                    n = accumulator_column(j, lane)
-                    red[n, warp_in_wg, wg, parity] = tile_max[j]
-            cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
-            alpha = cute.make_rmem_tensor((slots,), Float32)
-            m_use = cute.make_rmem_tensor((slots,), Float32)
-            for j in cutlass.range_constexpr(slots):
-                n = accumulator_column(j, lane % 4)
-                x = m_i[j]
-                for w in cutlass.range_constexpr(4):
-                    x = cute.arch.fmax(x, red[n, w, wg, parity])
-                mu = x
-                if x == _NEG_INF:
-                    mu = Float32(0.0)
-                alpha[j] = Float32(cute.math.exp2(m_i[j] - mu, fastmath=True))
-                m_use[j] = mu
-                m_i[j] = x
-                l_i[j] = l_i[j] * alpha[j]
+            alpha, m_use = running_max(acc_s, m_i, l_i, red, rpw, warp_in_wg, wg,
+                                       lane, tile % 2)  # fmt: skip
             # p^T = exp2(s^T - max) in bf16, row sums per thread
             for i in cutlass.range_constexpr(cute.size(acc_s)):
                 j = accumulator_slot(i, rpw)

@@ -52,7 +52,6 @@ import tokenspeed.mla.fp8_regs_layout as lay
 from tokenspeed.kernels.cute_ops.common import (
     accumulator_column,
     accumulator_slot,
-    column_max,
     column_sum,
     ptx_i32,
     staged_rows,
@@ -60,7 +59,7 @@ from tokenspeed.kernels.cute_ops.common import (
     vector_at,
 )
 
-from .cute_decode import D_LATENT, D_QK, TILE, KvRingProducer
+from .cute_decode import D_LATENT, D_QK, TILE, KvRingProducer, running_max
 from .cute_decode_fp8 import Q_F16_SCALE, Fp8TileLoader, bf16x2_to_f16x2_scaled, e4m3x2_to_f16x2
 
 _NEG_INF = -math.inf
@@ -439,32 +438,7 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
                     pos = tile_start + lay.tile_token(m)
                     if pos >= end or pos > first_t + (row0 + n) // num_heads:
                         acc_s[k] = Float32(_NEG_INF)
-            tile_max = cute.make_rmem_tensor((slots,), Float32)
-            tile_max.fill(_NEG_INF)
-            for k in cutlass.range_constexpr(cute.size(acc_s)):
-                j = accumulator_slot(k, rows)
-                tile_max[j] = cute.arch.fmax(tile_max[j], acc_s[k])
-            for j in cutlass.range_constexpr(slots):
-                tile_max[j] = column_max(tile_max[j])
-            parity = i % 2
-            if lane < 4:
-                for j in cutlass.range_constexpr(slots):
-                    red[accumulator_column(j, lane), w, wg, parity] = tile_max[j]
-            cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
-            alpha = cute.make_rmem_tensor((slots,), Float32)
-            m_use = cute.make_rmem_tensor((slots,), Float32)
-            for j in cutlass.range_constexpr(slots):
-                n = accumulator_column(j, lane % 4)
-                x = m_i[j]
-                for v in cutlass.range_constexpr(4):
-                    x = cute.arch.fmax(x, red[n, v, wg, parity])
-                mu = x
-                if x == _NEG_INF:
-                    mu = Float32(0.0)
-                alpha[j] = Float32(cute.math.exp2(m_i[j] - mu, fastmath=True))
-                m_use[j] = mu
-                m_i[j] = x
-                l_i[j] = l_i[j] * alpha[j]
+            alpha, m_use = running_max(acc_s, m_i, l_i, red, rows, w, wg, lane, i % 2)
             # p^T = exp2(s^T - max) (times the token's scale) in f16, row sums per thread
             for k in cutlass.range_constexpr(cute.size(acc_s)):
                 j = accumulator_slot(k, rows)
