@@ -3,8 +3,9 @@
     ncu --profile-from-start off --set full -o REPORT \\
         python3 benchmarks/mla/profile_decode.py --heads 32 [--config '{"layout": "heads"}']
     ... --kernel flashinfer     # the peer (FlashInfer's SM90 MLA kernel), where installed
+    ... --heads 16 --fp8 token  # an e4m3 cache with per-token scales (or ``tensor``)
 
-Builds the inputs of ``sweep_decode.py`` (batch 128 x 4096 tokens, page 64, bf16), runs the
+Builds the inputs of ``sweep_decode.py`` (batch 128 x 4096 tokens, page 64, bf16 or FP8), runs the
 call twice unprofiled (compile, warm caches' state), then once between
 ``cudaProfilerStart``/``Stop`` so that only that call's kernels are profiled.
 """
@@ -26,10 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--q-len", type=int, default=1)
     parser.add_argument("--config", default="{}", help="cute_decode config (JSON)")
     parser.add_argument("--kernel", choices=("cute", "flashinfer"), default="cute")
+    parser.add_argument("--fp8", choices=("tensor", "token"), default="",
+                        help="an FP8 cache with one scale per tensor or per token")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.fp8 and args.kernel == "flashinfer":
+        parser.error("FlashInfer's SM90 MLA kernel takes no FP8 cache")
     from tokenspeed.mla import cute_decode
 
-    inp = _inputs(args.heads, args.q_len)
+    inp = _inputs(args.heads, args.q_len, fp8=args.fp8)
     cfg = json.loads(args.config)
     out = inp["q"].new_empty(*inp["q"].shape[:-1], 512)
     peer = None
@@ -43,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             peer(inp["q"], inp["cache"], inp["tables"], inp["seq"], SCALE, out)
             return
         cute_decode.mla_decode(inp["q"], inp["cache"], inp["tables"], inp["seq"], SCALE,
-                               max_seq_len=KV_LEN, config=cfg)  # fmt: skip
+                               max_seq_len=KV_LEN, config=cfg, kv_scale=inp["scale"])  # fmt: skip
 
     from tokenspeed.kernels.timing import profile_call
 
