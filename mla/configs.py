@@ -265,13 +265,14 @@ def cute_decode_plan(
                 raise ValueError(f"widener_regs={cfg['widener_regs']}: 40, 56 or 72")
         elif fp8_layout == "regs":
             # up to 32 rows, widened in the consumers' registers (cute_decode_fp8_regs.py):
-            # two consumer groups taking turns on tiles, FP8 slots in the shared memory the
-            # query and p^T leave (5 at 16 rows, 4 at 32); 0.86x / 0.97x the tokens kernel's
-            # time at 16 / 32 heads with per-token scales, 0.78x / 0.91x per-tensor (H200)
+            # two consumer groups taking turns on tiles, four FP8 slots of 40 KiB (swizzled
+            # 128-byte TMA boxes) in the shared memory the query and p^T leave; 0.77x /
+            # 0.88x the tokens kernel's time at 16 / 32 heads with per-token scales, 0.77x /
+            # 0.87x per-tensor (H200); five slots at 16 rows: x1.007, three: x1.043
             if int(cfg.get("rows", 32)) not in (16, 32):
                 raise ValueError(f"rows={cfg['rows']}: the FP8 CuTe decode takes 16 or 32 per CTA")
             rows_regs = int(cfg.get("rows", 16 if rows_per_req <= 16 else 32))
-            cfg = {"stages": 0, "fp8_stages": 5 if rows_regs == 16 else 4, "converter_wgs": 0,
+            cfg = {"stages": 0, "fp8_stages": 4, "converter_wgs": 0,
                    "wgs": 2, "rows": rows_regs, "mma_dtype": "f16", "layout": "regs",
                    **cfg}  # fmt: skip
             if cfg["mma_dtype"] != "f16" or int(cfg["stages"]) or int(cfg["fp8_stages"]) < 2:
@@ -341,8 +342,8 @@ def cute_decode_plan(
     if fp8:  # query + bf16 tiles + p + FP8 slots must fit the SM's 227 KiB of shared memory
         need = rows * 576 * 2 + stages * tile * 576 * 2 + CUTE_TILE * rows * 2
         need += fp8_stages * tile * 576
-        if layout == "regs":  # query, two p^T, the FP8 slots with their per-token scales
-            need = rows * 576 * 2 + 2 * CUTE_TILE * rows * 2 + fp8_stages * tile * (576 + 4)
+        if layout == "regs":  # query, two p^T, the FP8 slots (640 bytes a token) and scales
+            need = rows * 576 * 2 + 2 * CUTE_TILE * rows * 2 + fp8_stages * tile * (640 + 4)
         if (stages < 1 and layout != "regs") or fp8_stages < 1 or need > 224 * 1024:
             raise ValueError(f"FP8 decode: {stages} bf16 tiles + {fp8_stages} FP8 slots at "
                              f"{rows} rows need {need} bytes of shared memory")  # fmt: skip

@@ -900,7 +900,9 @@ def mla_decode(
     if q2d.shape[0] < plan["rows"]:  # the query TMA box must not be taller than the tensor
         q2d = torch.cat([q2d, q2d.new_zeros(plan["rows"] - q2d.shape[0], D_QK)])
     if fp8:  # the loader copies bytes; the converter reads them as e4m3
-        kv_arg = cute_tensor(cache.view(torch.uint8).view(-1))
+        flat = cache.view(torch.uint8)
+        # the register kernel's TMA reads token rows; the others bulk-copy page blocks
+        kv_arg = cute_tensor(flat.view(-1, D_QK) if plan["layout"] == "regs" else flat.view(-1))
         scale = kv_scale.reshape(-1).to(torch.float32)
         if scale.data_ptr() % 16:  # the FP8 pairs kernel bulk-copies per-token scales
             scale = scale.clone()

@@ -213,20 +213,23 @@ class Fp8TileLoader:
                     cute.copy(bulk_atom, src, dst,
                               mbar_ptr=fp8_pipe.producer_get_barrier(state))  # fmt: skip
                 if cutlass.const_expr(slot_scale is not None):
-                    g_scale = cute.make_tensor(
-                        cute.make_ptr(Float32,
-                                      m_scale.iterator.toint()
-                                      + cutlass.Int64(box) * self.page_block * 4,
-                                      cute.AddressSpace.gmem, assumed_align=16),
-                        cute.make_layout(self.page_block),
-                    )  # fmt: skip
-                    s_scale = cute.local_tile(slot_scale[None, state.index], (self.page_block,),
-                                              (c,))  # fmt: skip
-                    src, dst = cpasync.group_bulk_copy_modes(g_scale, s_scale)
-                    with cute.arch.elect_one():
-                        cute.copy(scale_atom, src, dst,
-                                  mbar_ptr=fp8_pipe.producer_get_barrier(state))  # fmt: skip
+                    self._copy_scales(scale_atom, m_scale, slot_scale, box, c, state.index,
+                                      fp8_pipe.producer_get_barrier(state))  # fmt: skip
             state.advance()
+
+    @cute.jit
+    def _copy_scales(self, scale_atom, m_scale, slot_scale, box, c, index, barrier):
+        """Page block ``box``'s per-token scales (contiguous) into block ``c`` of slot
+        ``index``'s scales, by one bulk copy completing on ``barrier``."""
+        g_scale = cute.make_tensor(
+            cute.make_ptr(Float32, m_scale.iterator.toint() + cutlass.Int64(box) * self.page_block * 4,
+                          cute.AddressSpace.gmem, assumed_align=16),
+            cute.make_layout(self.page_block),
+        )  # fmt: skip
+        s_scale = cute.local_tile(slot_scale[None, index], (self.page_block,), (c,))
+        src, dst = cpasync.group_bulk_copy_modes(g_scale, s_scale)
+        with cute.arch.elect_one():
+            cute.copy(scale_atom, src, dst, mbar_ptr=barrier)
 
     @cute.jit
     def _token_scale(self, m_scale, m_bt, b, pos, end, page_size):

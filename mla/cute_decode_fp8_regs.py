@@ -9,13 +9,19 @@ kernel, f16 products): each consumer thread loads its share of the FP8 tile with
 shared loads and widens it with one hardware conversion per pair of values straight into the
 operand (``fp8_regs_layout.py`` places every value; the query is permuted to match and the
 output un-permuted). Shared memory holds the query, ``p^T`` and ``fp8_stages`` FP8 slots
-(five at 16 or 32 rows); a slot is released as soon as its values are in registers.
+(four); a slot is released as soon as its values are in registers. A slot is 64 tokens x
+640 bytes: five 128-byte-wide TMA boxes per page block with the 128-byte swizzle (the fifth
+half past the row, zero-filled), so that with the tiles' token order every 16-byte load of
+both products is free of bank conflicts (``fp8_regs_layout.slot_offset``; with the page
+block's rows copied whole, 576 bytes apart, the values' loads conflicted 2-way, 21 % of
+shared memory's wavefronts in excess under Nsight Compute).
 
 Warp roles (384 threads): two consumer warp groups take the split's tiles in turn (group
 ``g`` tiles ``g``, ``g + 2``, ...), each with its own softmax state, so one group's softmax
 and loads overlap the other's products; at the end group 1 hands its rows to group 0 through
-the spent ring, and group 0 merges and stores them. Warp 8 loads (``Fp8TileLoader``), in a
-warp group of its own so that ``setmaxnreg`` can move its registers to the consumers.
+the spent ring, and group 0 merges and stores them. Warp 8 loads (``_load_slots``: the
+tiles by TMA, the per-token scales by ``Fp8TileLoader``'s bulk copies), in a warp group of
+its own so that ``setmaxnreg`` can move its registers to the consumers.
 
 The scale is applied in float32 as in the other FP8 kernels: one per tensor folded into the
 softmax scale and the output; one per token multiplying the token's scores and its
@@ -24,10 +30,12 @@ the consumers instead, two dependent loads a tile, the 16-row decode took 103 us
 Tokens past the split's end are zeroed before the values product (a NaN byte would otherwise
 reach it) and masked out of the scores, their scales taken as 0.
 
-H200 (batch 128 x 4096, page 64, q_len 1, per-token scales): 94.1 / 127.2 us at 16 / 32
-heads, 76.6 / 57.5 % of the copy bandwidth, against 119.4 / 140.9 us for the tokens kernel
-(docs/mla.md). At 32 rows the values product widens one register operand at a time (its 128
-accumulator registers leave no room for two) and ptxas still spills 36 bytes.
+H200 (batch 128 x 4096, page 64, q_len 1): 92.6 / 125.1 us at 16 / 32 heads with per-token
+scales (77.6 / 58.3 % of the copy bandwidth), 92.0 / 121.7 us per-tensor, against 119.9 /
+141.6 us for the tokens kernel in the same run; with the page blocks' rows 576 bytes apart it
+took 94-96 / 125-129 us (docs/mla.md). At 32 rows the values product widens one register
+operand at a time (its 128 accumulator registers leave no room for two) and ptxas spills 56
+bytes.
 
 Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; bf16 query (read as 32-bit words), e4m3
 cache, 16 or 32 rows per CTA. The launch wrapper is ``cute_decode.mla_decode`` (plan layout
@@ -123,7 +131,7 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
     def __call__(
         self,
         m_q: cute.Tensor,  # [rows_total, 288] int32: the bf16 query's pairs of values
-        m_kv: cute.Tensor,  # [pages * page_size * 576] uint8 (the e4m3 bytes)
+        m_kv: cute.Tensor,  # [pages * page_size, 576] uint8 (the e4m3 bytes)
         m_scale: cute.Tensor,  # [1] or [pages * page_size] fp32
         m_bt: cute.Tensor,
         m_seq: cute.Tensor,
@@ -160,11 +168,23 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
         q_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, D_QK), f16, 1)
         # one p^T per consumer group
         p_layout = sm90_utils.make_smem_layout_b(row_major, (TILE, self.rows, TILE), f16, 2)
-        fp8_layout = cute.make_layout((TILE, D_QK, self.fp8_stages),
-                                      stride=(D_QK, 1, TILE * D_QK))  # fmt: skip
-        box_bytes = self.page_block * D_QK
-        bulk_atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), Uint8,
-                                        num_bits_per_copy=box_bytes * 8)  # fmt: skip
+        # slots of 64 tokens x 640 bytes: 128-byte-wide TMA boxes with the 128-byte swizzle
+        # (lay.slot_offset), the fifth box half past the row and zero-filled
+        swizzle_atom = cute.make_composed_layout(
+            cute.make_swizzle(3, 4, 3), 0, cute.make_layout((8, 128), stride=(128, 1))
+        )
+        fp8_layout = cute.tile_to_shape(swizzle_atom, (TILE, lay.SLOT_COLS, self.fp8_stages),
+                                        (0, 1, 2))  # fmt: skip
+        slot = cute.slice_(fp8_layout, (None, None, 0))
+        box_layout = cute.make_composed_layout(
+            slot.inner, 0,
+            cute.composition(slot.outer, cute.make_layout((self.page_block, lay.SLOT_COLS),
+                                                          stride=(1, TILE))),
+        )  # fmt: skip
+        tma_atom, tma_kv = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), m_kv, box_layout,
+            (self.page_block, lay.SLOT_COLS),
+        )  # fmt: skip
         scale_atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), Float32,
                                          num_bits_per_copy=self.page_block * 32)  # fmt: skip
         rows = self.rows
@@ -183,7 +203,7 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
 
         self.shared_storage = SharedStorage
         self.kernel(
-            mma_s, mma_o, bulk_atom, scale_atom, m_q, m_kv, m_scale, q_layout, p_layout,
+            mma_s, mma_o, tma_atom, tma_kv, scale_atom, m_q, m_scale, q_layout, p_layout,
             fp8_layout, m_bt, m_seq, m_out, m_lse, m_part_o, m_part_lse,
             scale_log2, q_len, num_heads, num_splits, page_size,
         ).launch(
@@ -198,14 +218,14 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
         self,
         mma_s: cute.TiledMma,
         mma_o: cute.TiledMma,
-        bulk_atom: cute.CopyAtom,
+        tma_atom: cute.CopyAtom,
+        tma_kv: cute.Tensor,
         scale_atom: cute.CopyAtom,
         m_q: cute.Tensor,
-        m_kv: cute.Tensor,
         m_scale: cute.Tensor,
         q_layout: cute.ComposedLayout,
         p_layout: cute.ComposedLayout,
-        fp8_layout: cute.Layout,
+        fp8_layout: cute.ComposedLayout,
         m_bt: cute.Tensor,
         m_seq: cute.Tensor,
         m_out: cute.Tensor,
@@ -225,7 +245,9 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        s_fp8 = storage.s_fp8.get_tensor(fp8_layout)
+        s_fp8_tma = storage.s_fp8.get_tensor(fp8_layout.outer, swizzle=fp8_layout.inner)
+        # the consumers address the same bytes themselves (lay.slot_offset)
+        s_fp8 = storage.s_fp8.get_tensor(cute.make_layout(cute.cosize(fp8_layout)))
         slot_scale = storage.slot_scale.get_tensor(cute.make_layout((TILE, self.fp8_stages)))
         # FP8 ring: bulk copies (the tile, and its scales) complete its full barriers; the 4
         # warps of the consumer group whose tile a slot holds empty it
@@ -234,7 +256,7 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
             num_stages=self.fp8_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
-            tx_count=TILE * D_QK + (TILE * 4 if self.per_token else 0),
+            tx_count=TILE * lay.SLOT_COLS + (TILE * 4 if self.per_token else 0),
             defer_sync=True,
         )
         cute.arch.mbarrier_init_fence()
@@ -251,14 +273,8 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
         if warp >= self.loader_warp:
             cute.arch.warpgroup_reg_dealloc(self.loader_regs)
             if warp == self.loader_warp:
-                if cutlass.const_expr(self.per_token):
-                    self._load_tiles(
-                        bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end, n_tiles,
-                        page_size, scale_atom, m_scale, slot_scale,
-                    )  # fmt: skip
-                else:
-                    self._load_tiles(bulk_atom, m_kv, s_fp8, fp8_pipe, m_bt, b, start, end,
-                                     n_tiles, page_size)  # fmt: skip
+                self._load_slots(tma_atom, tma_kv, s_fp8_tma, fp8_pipe, m_bt, b, start, end,
+                                 n_tiles, page_size, scale_atom, m_scale, slot_scale)  # fmt: skip
         else:
             cute.arch.warpgroup_reg_alloc(self.consumer_regs)
             self._query_to_smem(m_q, s_q[None, None, 0], b, rows_per_req, row0, tidx)
@@ -268,6 +284,46 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
                 m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, b,
                 split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp,
             )  # fmt: skip
+
+    @cute.jit
+    def _load_slots(self, tma_atom, tma_kv, s_fp8_tma, fp8_pipe, m_bt, b, start, end, n_tiles,
+                    page_size, scale_atom, m_scale, slot_scale):  # fmt: skip
+        """The loader warp: every tile of the split by TMA, five 128-byte-wide boxes per page
+        block into the slot (a block wholly past the split's end points past the cache and
+        is zero-filled), and with per-token scales each page block's scales beside it by a
+        bulk copy (the ring's byte count includes both)."""
+        s_boxes = cute.flat_divide(s_fp8_tma, (self.page_block, lay.SLOT_COLS))
+        g_boxes = cute.local_tile(tma_kv, (self.page_block, lay.SLOT_COLS), (None, 0))
+        t_kvs, t_kvg = cpasync.tma_partition(
+            tma_atom, 0, cute.make_layout(1), cute.group_modes(s_boxes, 0, 2),
+            cute.group_modes(g_boxes, 0, 2),
+        )  # fmt: skip
+        n_boxes = Int32(cute.size(g_boxes, mode=[2]))
+        cpt = self.copies_per_tile
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                             self.fp8_stages)  # fmt: skip
+        for tile in cutlass.range(n_tiles, unroll=1):
+            fp8_pipe.producer_acquire(state)
+            barrier = fp8_pipe.producer_get_barrier(state)
+            # one block at a time (the loader's warp has 24 registers)
+            for c in cutlass.range_constexpr(cpt):
+                box = Int32(0)
+                pos = start + tile * TILE + c * self.page_block
+                if pos < end:
+                    page = m_bt[b, pos // page_size]
+                    box = (page * page_size + pos % page_size) // self.page_block
+                if cutlass.const_expr(self.ablation == "l2_loads"):
+                    box = Int32(c)  # benchmark-only: every tile from L2 (see MlaDecodeSm90)
+                # a block wholly past the end points past the cache: TMA zero-fills it
+                tma_box = box
+                if pos >= end:
+                    tma_box = n_boxes
+                cute.copy(tma_atom, t_kvg[(None, tma_box)], t_kvs[(None, c, 0, state.index)],
+                          tma_bar_ptr=barrier)  # fmt: skip
+                if cutlass.const_expr(self.per_token):  # past the end: block 0's (unused)
+                    self._copy_scales(scale_atom, m_scale, slot_scale, box, c, state.index,
+                                      barrier)  # fmt: skip
+            state.advance()
 
     @cute.jit
     def _query_to_smem(self, m_q, s_q, b, rows_per_req, row0, tidx):
@@ -300,8 +356,8 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
         a_words = [cute.recast_tensor(a, Uint32) for a in a_s]
         for g in cutlass.range_constexpr(_GROUPS):
             t0, t1, d0 = lay.score_load(w, lane, g)
-            cute.autovec_copy(vector_at(kv, (t0, d0), _RUN), runs[0])
-            cute.autovec_copy(vector_at(kv, (t1, d0), _RUN), runs[1])
+            cute.autovec_copy(vector_at(kv, (lay.slot_offset(t0, d0),), _RUN), runs[0])
+            cute.autovec_copy(vector_at(kv, (lay.slot_offset(t1, d0),), _RUN), runs[1])
             if cutlass.const_expr(g >= len(a_s)):  # the products that read this buffer are done
                 warpgroup.wait_group(len(a_s) - 1)
             words = a_words[g % len(a_s)]
@@ -331,7 +387,8 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
         for c in cutlass.range_constexpr(_VALUE_BLOCKS):
             tokens, d0 = lay.value_load(w, lane, c)
             for s in cutlass.range_constexpr(4):
-                cute.autovec_copy(vector_at(kv, (tokens[s], d0), _RUN), vruns[s])
+                cute.autovec_copy(vector_at(kv, (lay.slot_offset(tokens[s], d0),), _RUN),
+                                  vruns[s])  # fmt: skip
                 live = tile_start + tokens[s] < end
                 for u in cutlass.range_constexpr(_RUN // 4):
                     vwords[s][u] = cutlass.select_(live, vwords[s][u], Uint32(0))
@@ -415,7 +472,7 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
             tok_scale = cute.make_rmem_tensor((2,), Float32)
             row_scale = cute.make_rmem_tensor((2,), Float32)
             fp8_pipe.consumer_wait(state)
-            kv = s_fp8[None, None, state.index]
+            kv = cute.local_tile(s_fp8, (lay.SLOT_BYTES,), (state.index,))
             if cutlass.const_expr(self.per_token):  # came with the tile (0 past the end)
                 for h in cutlass.range_constexpr(2):
                     live = tile_start + my_tokens[h] < end

@@ -16,10 +16,12 @@ a tile a few 16-byte runs of shared memory:
 * values: a thread owns 16 consecutive dims of the output (``value_dim``) and loads them for
   each of its four tokens per k-block of 16 tokens (``value_load``); a byte permute pairs two
   tokens' bytes of one dim, the pair a column pair of the A operand.
-* the tile's tokens go through ``tile_token`` (bit 0 flipped where bit 1 is set), so that the
-  8 lanes of one 16-byte shared load read rows of both parities: the 576-byte rows then put
-  their runs in different banks (conflict-free for the scores, 2-way for the values, where
-  rows in natural order conflict 4-way).
+* the tile's tokens go through ``tile_token`` (bit 2 flipped where bit 0 is set), and a slot
+  stores them as the TMA's 128-byte-wide boxes with the 128-byte swizzle (``slot_offset``):
+  the two tokens one 8-lane phase of the scores' loads reads then put their runs in opposite
+  halves of the banks, and the four of the values' loads in four distinct quarters, so both
+  are conflict-free (with the page block's rows 576 bytes apart the values' loads conflicted
+  2-way).
 
 Pure integer functions of plain ``int`` (or DSL integers): the kernel and the CPU test
 (``tests/unit/mla/test_fp8_regs_layout.py``, which rebuilds both A operands thread by thread
@@ -42,9 +44,23 @@ def a_slot(warp: Any, lane: Any, e: int) -> tuple[Any, Any]:
     return row, col
 
 
+SLOT_COLS = 640  # a slot's bytes per token: five 128-byte column blocks (the last half empty)
+SLOT_BYTES = 64 * SLOT_COLS
+
+
 def tile_token(m: Any) -> Any:
-    """The tile's token (0-63) at position ``m`` of both products' token axis (an involution)."""
-    return m ^ ((m >> 1) & 1)
+    """The tile's token (0-63) at position ``m`` of both products' token axis: bit 2
+    flipped where bit 0 is set (an involution)."""
+    return m ^ ((m & 1) << 2)
+
+
+def slot_offset(token: Any, dim: Any) -> Any:
+    """Where byte ``dim`` of ``token`` sits in a slot: the TMA's 128-byte-wide boxes with the
+    128-byte swizzle, one column block of 64 rows after another; within a row, 16-byte chunk
+    ``c`` is stored at ``c ^ (token % 8)``."""
+    block = dim // 128
+    chunk = ((dim % 128) // 16) ^ (token % 8)
+    return block * (64 * 128) + token * 128 + chunk * 16 + dim % 16
 
 
 def query_element(p: Any) -> Any:

@@ -170,8 +170,10 @@ def _mla_decode_fp8_regs_args(heads: int, page_size: int):
 
     from tokenspeed.kernels.cute_ops.common import cute_tensor as _cute_tensor
 
-    _, *rest = _mla_decode_fp8_args(heads, page_size, split=False, per_token=True)
-    return (_cute_tensor(torch.empty(4 * heads, 288, dtype=torch.int32)), *rest)
+    _, _, *rest = _mla_decode_fp8_args(heads, page_size, split=False, per_token=True)
+    query = _cute_tensor(torch.empty(4 * heads, 288, dtype=torch.int32))
+    cache = _cute_tensor(torch.empty(64 * page_size, 576, dtype=torch.uint8))  # token rows
+    return (query, cache, *rest)
 
 
 def _mla_decode_persistent_args(rows: int, page_size: int, ctas: int = 132):

@@ -120,11 +120,11 @@ def variants(
         # bf16 products (the default until the twenty-seventh session: about four integer
         # ops and a multiply per pair of values instead of one f16 conversion)
         rings["pairs 2+2 bf16"] = {**pairs, "mma_dtype": "bf16"}
-        # 16-32 rows widened in the consumers' registers (cute_decode_fp8_regs.py): five FP8
-        # slots (the plan's), fewer, and the ring filled from L2
+        # 16-32 rows widened in the consumers' registers (cute_decode_fp8_regs.py): four FP8
+        # slots (the plan's), three or five, and the ring filled from L2
         regs = {"layout": "regs"}
         rings["regs"] = regs
-        for slots in (3, 4):
+        for slots in (3, 5):  # the plan's is 4
             rings[f"regs {slots}"] = {**regs, "fp8_stages": slots}
         rings["regs ablation l2_loads"] = {**regs, "ablation": "l2_loads"}
         for ring, cfg in rings.items():

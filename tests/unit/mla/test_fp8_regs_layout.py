@@ -98,19 +98,37 @@ def _bank_ways(addresses: list[int]) -> int:
     return max(len(v) for v in chunks.values())
 
 
-def test_shared_loads_are_at_most_two_way_conflicted():
-    """576-byte token rows: the scores' loads conflict-free, the values' 2-way (4-way with
-    tokens in natural order)."""
+def test_slot_offset_is_a_bijection_onto_the_slot():
+    """Every (token, dim) byte has its own place in the slot's 64 x 640 bytes."""
+    places = {lay.slot_offset(t, d) for t in range(64) for d in range(576)}
+    assert len(places) == 64 * 576
+    assert min(places) >= 0 and max(places) < lay.SLOT_BYTES
+
+
+def test_shared_loads_are_conflict_free():
+    """The slot's 128-byte swizzle and the tiles' token order: each 8-lane phase of a
+    16-byte load covers the 32 banks once, for the scores' loads (two tokens whose rows
+    differ in bit 2, so their chunks fall in opposite halves of the row) and the values'
+    (four tokens distinct in bits 1-2). With 576-byte rows the values' loads conflicted 2-way."""
     for w in range(WARPS):
         for phase in range(4):
             lanes = range(8 * phase, 8 * phase + 8)
             for g in range(9):
                 for second in (0, 1):
-                    addr = [lay.score_load(w, ln, g)[second] * 576 + lay.score_load(w, ln, g)[2]
-                            for ln in lanes]  # fmt: skip
+                    addr = [lay.slot_offset(lay.score_load(w, ln, g)[second],
+                                            lay.score_load(w, ln, g)[2]) for ln in lanes]  # fmt: skip
                     assert _bank_ways(addr) == 1
             for c in range(4):
                 for s in range(4):
-                    addr = [lay.value_load(w, ln, c)[0][s] * 576 + lay.value_load(w, ln, c)[1]
-                            for ln in lanes]  # fmt: skip
-                    assert _bank_ways(addr) <= 2
+                    addr = [lay.slot_offset(lay.value_load(w, ln, c)[0][s],
+                                            lay.value_load(w, ln, c)[1]) for ln in lanes]  # fmt: skip
+                    assert _bank_ways(addr) == 1
+
+
+def test_the_old_token_order_would_conflict():
+    """The token order matters (the test above is not vacuous): with bit 0 flipped where
+    bit 1 is set (the order for 576-byte rows), the scores' first phase conflicts 2-way in
+    the swizzled slot."""
+    old = lambda m: m ^ ((m >> 1) & 1)  # noqa: E731
+    addr = [lay.slot_offset(old(ln // 4), 16 * (ln % 4)) for ln in range(8)]
+    assert _bank_ways(addr) == 2

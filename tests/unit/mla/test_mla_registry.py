@@ -201,12 +201,13 @@ def test_cute_persistent_plan_one_cta_per_sm():
 
 def test_cute_fp8_decode_plan_rings_and_limits():
     # up to 32 rows: widened in registers by two consumer groups, FP8 slots in the shared
-    # memory the query and p^T leave (query 36 + 2 x 4 + 4 x 36 KiB at 32 rows; 5 fit at 16)
+    # memory the query and p^T leave (query 36 + 2 x 4 + 4 x 40 KiB at 32 rows; five fit
+    # at 16 with a few KiB to spare, four are the plan's: three to five measured the same)
     plan = configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True)
     assert (plan["layout"], plan["rows"], plan["wgs"], plan["mma_dtype"]) == ("regs", 32, 2, "f16")
     assert (plan["stages"], plan["fp8_stages"], plan["converter_wgs"]) == (0, 4, 0)
     small = configs.cute_decode_plan(128, 1, 16, 4096, 64, fp8=True)
-    assert (small["layout"], small["rows"], small["fp8_stages"]) == ("regs", 16, 5)
+    assert (small["layout"], small["rows"], small["fp8_stages"]) == ("regs", 16, 4)
     mtp = configs.cute_decode_plan(8, 3, 8, 4096, 16, fp8=True)  # 24 rows: one 32-row block
     assert (mtp["layout"], mtp["rows"], mtp["row_blocks"], mtp["page_block"]) == ("regs", 32, 1, 16)
     regs = {"layout": "regs"}
