@@ -266,9 +266,9 @@ def cute_decode_plan(
         elif fp8_layout == "regs":
             # up to 32 rows, widened in the consumers' registers (cute_decode_fp8_regs.py):
             # two consumer groups taking turns on tiles, four FP8 slots of 40 KiB (swizzled
-            # 128-byte TMA boxes) in the shared memory the query and p^T leave; 0.77x /
-            # 0.88x the tokens kernel's time at 16 / 32 heads with per-token scales, 0.77x /
-            # 0.87x per-tensor (H200); five slots at 16 rows: x1.007, three: x1.043
+            # 128-byte TMA boxes) in the shared memory the query and p^T leave; 0.76x /
+            # 0.87x the tokens kernel's time at 16 / 32 heads with per-token scales, 0.75x /
+            # 0.86x per-tensor (H200); five slots at 16 rows: x1.007, three: x1.043
             if int(cfg.get("rows", 32)) not in (16, 32):
                 raise ValueError(f"rows={cfg['rows']}: the FP8 CuTe decode takes 16 or 32 per CTA")
             rows_regs = int(cfg.get("rows", 16 if rows_per_req <= 16 else 32))

@@ -30,12 +30,12 @@ the consumers instead, two dependent loads a tile, the 16-row decode took 103 us
 Tokens past the split's end are zeroed before the values product (a NaN byte would otherwise
 reach it) and masked out of the scores, their scales taken as 0.
 
-H200 (batch 128 x 4096, page 64, q_len 1): 92.6 / 125.1 us at 16 / 32 heads with per-token
-scales (77.6 / 58.3 % of the copy bandwidth), 92.0 / 121.7 us per-tensor, against 119.9 /
-141.6 us for the tokens kernel in the same run; with the page blocks' rows 576 bytes apart it
-took 94-96 / 125-129 us (docs/mla.md). At 32 rows the values product widens one register
-operand at a time (its 128 accumulator registers leave no room for two) and ptxas spills 56
-bytes.
+H200 (batch 128 x 4096, page 64, q_len 1): 90.6-92.2 / 122.3-123.6 us at 16 / 32 heads with
+per-token scales (~78 / ~59 % of the copy bandwidth), 88.4 / 118.9 us per-tensor, against
+~120 / ~140 us for the tokens kernel in the same runs; with the page blocks' rows 576 bytes
+apart it took 94-96 / 125-129 us (docs/mla.md). At 32 rows the values product widens one
+register operand at a time (its 128 accumulator registers leave no room for two) and ptxas
+spills 64 bytes.
 
 Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; bf16 query (read as 32-bit words), e4m3
 cache, 16 or 32 rows per CTA. The launch wrapper is ``cute_decode.mla_decode`` (plan layout
@@ -348,10 +348,12 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
         )
 
     @cute.jit
-    def _scores(self, mma_s, acc_s, r_sb, kv, a_s, runs, w, lane):
+    def _scores(self, mma_s, acc_s, r_sb, kv, a_s, runs, w, lane, vruns):
         """``s^T = K q^T`` over the tile in ``kv``: per group of 64 dims, two 16-byte runs
         widened into one of two register operands (the other group's products still in
-        flight), then its four k-blocks issued. Waited for before it returns."""
+        flight), then its four k-blocks issued. Before the wait that ends it, the values'
+        first runs are loaded into ``vruns``, so the softmax hides their latency (x0.986 at
+        16 and 32 heads against loading them after it)."""
         run_words = [cute.recast_tensor(r, Uint32) for r in runs]
         a_words = [cute.recast_tensor(a, Uint32) for a in a_s]
         for g in cutlass.range_constexpr(_GROUPS):
@@ -373,7 +375,16 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
                 a = a_s[g % len(a_s)][None, None, j]
                 cute.gemm(mma_s, acc_s, a, r_sb[None, None, 4 * g + j], acc_s)
             warpgroup.commit_group()
+        # the values' first runs load under the last products and the softmax
+        self._value_runs(kv, vruns, 0, w, lane)
         warpgroup.wait_group(0)
+
+    @cute.jit
+    def _value_runs(self, kv, vruns, c, w, lane):
+        """The four 16-byte runs of values k-block ``c`` this thread widens."""
+        tokens, d0 = lay.value_load(w, lane, c)
+        for s in cutlass.range_constexpr(4):
+            cute.autovec_copy(vector_at(kv, (lay.slot_offset(tokens[s], d0),), _RUN), vruns[s])
 
     @cute.jit
     def _values(self, mma_o, acc_o, r_ob, kv, a_o, vruns, w, lane, tile_start, end, fp8_pipe,
@@ -385,10 +396,10 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
         vwords = [cute.recast_tensor(r, Uint32) for r in vruns]
         a_words = [cute.recast_tensor(a, Uint32) for a in a_o]
         for c in cutlass.range_constexpr(_VALUE_BLOCKS):
-            tokens, d0 = lay.value_load(w, lane, c)
+            tokens, _ = lay.value_load(w, lane, c)
+            if cutlass.const_expr(c > 0):  # k-block 0's were loaded under the softmax
+                self._value_runs(kv, vruns, c, w, lane)
             for s in cutlass.range_constexpr(4):
-                cute.autovec_copy(vector_at(kv, (lay.slot_offset(tokens[s], d0),), _RUN),
-                                  vruns[s])  # fmt: skip
                 live = tile_start + tokens[s] < end
                 for u in cutlass.range_constexpr(_RUN // 4):
                     vwords[s][u] = cutlass.select_(live, vwords[s][u], Uint32(0))
@@ -478,7 +489,7 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
                     live = tile_start + my_tokens[h] < end
                     tok_scale[h] = Float32(cutlass.select_(
                         live, slot_scale[my_tokens[h], state.index], Float32(0.0)))  # fmt: skip
-            self._scores(mma_s, acc_s, r_sb, kv, a_s, runs, w, lane)
+            self._scores(mma_s, acc_s, r_sb, kv, a_s, runs, w, lane, vruns)
             if cutlass.const_expr(self.per_token):
                 for h in cutlass.range_constexpr(2):
                     row_scale[h] = scale_log2 * tok_scale[h]

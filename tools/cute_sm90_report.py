@@ -228,7 +228,7 @@ def main() -> None:
     fp8 = MlaDecodeFp8Sm90(32, 64, 2, 1, False, True, per_token=True, converter_wgs=2)
     report = compile_report(fp8, *_mla_decode_fp8_args(32, 64, split=False, per_token=True))
     print(f"{'FP8 cache, 32 rows, 2 + 1, two converters':<40} {report}")
-    for rows, slots in ((16, 5), (32, 4)):  # the plan's register-widening FP8 kernels
+    for rows, slots in ((16, 4), (32, 4)):  # the plan's register-widening FP8 kernels
         regs = MlaDecodeFp8RegsSm90(rows, 64, slots, False, True, per_token=True)
         report = compile_report(regs, *_mla_decode_fp8_regs_args(rows, 64))
         print(f"{f'FP8 cache, {rows} rows, in registers':<40} {report}")

@@ -1,17 +1,21 @@
 """Summarise where a profiled kernel's warps stall, from Nsight Compute's per-instruction CSV.
 
     ncu --import REPORT.ncu-rep --page source --csv --print-source sass > source.csv
-    python tools/ncu_stalls.py source.csv [--top 20]
+    python tools/ncu_stalls.py source.csv [--top 20] [--by-opcode]
 
 Prints the total warp-state samples, the stall reasons by share, and the instructions that
 hold the most samples with their top three reasons: which barrier or wait a kernel spends its
-time on (``benchmarks/results/*_stalls.txt`` are its output).
+time on (``benchmarks/results/*_stalls.txt`` are its output). ``--by-opcode`` adds the same
+per opcode with its executed count: the instruction mix, and which kind of instruction the
+stalls land on.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import re
+from collections import Counter, defaultdict
 from pathlib import Path
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
@@ -46,12 +50,47 @@ def summarise(path: Path, top: int = 20) -> str:
     return "\n".join(lines)
 
 
+def opcode(source: str) -> str:
+    """The opcode of a SASS line, without its predicate and with only the modifiers that name
+    a different operation (``HGMMA.64x16x16.F32``, ``LDS.128``, ``F2FP.F16.E4M3.UNPACK_B``)."""
+    op = re.sub(r"^@!?U?P\w+\s+", "", source.strip()).split(" ")[0]
+    return op if op.startswith(("HGMMA", "LDS", "STS", "F2FP")) else op.split(".")[0]
+
+
+def by_opcode(path: Path, top: int = 20) -> str:
+    """Samples, executed warp instructions and the top three stall reasons per opcode."""
+    rows = list(csv.reader(path.open()))
+    header, data = rows[1], rows[2:]
+    col = {name: i for i, name in enumerate(header)}
+    reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    total = sum(_num(r[col[SAMPLES]]) for r in data) or 1.0
+    samples: Counter[str] = Counter()
+    executed: Counter[str] = Counter()
+    why: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    for r in data:
+        op = opcode(r[col["Source"]])
+        samples[op] += _num(r[col[SAMPLES]])
+        executed[op] += _num(r[col["Instructions Executed"]])
+        for s in reasons:
+            why[op][s[6:]] += _num(r[col[s]])
+    lines = ["--- by opcode (samples, executed, top reasons)"]
+    for op, n in samples.most_common(top):
+        reasons_text = ", ".join(
+            f"{s}={100 * v / total:.1f}%" for s, v in why[op].most_common(3) if v
+        )
+        lines.append(f" {op:28s} {100 * n / total:5.1f}% ex={int(executed[op]):<10d} {reasons_text}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", type=Path)
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--by-opcode", action="store_true", help="also the table per opcode")
     args = parser.parse_args(argv)
     print(summarise(args.csv, args.top))
+    if args.by_opcode:
+        print(by_opcode(args.csv, args.top))
     return 0
 
 
