@@ -78,7 +78,9 @@ def by_opcode(path: Path, top: int = 20) -> str:
         reasons_text = ", ".join(
             f"{s}={100 * v / total:.1f}%" for s, v in why[op].most_common(3) if v
         )
-        lines.append(f" {op:28s} {100 * n / total:5.1f}% ex={int(executed[op]):<10d} {reasons_text}")
+        lines.append(
+            f" {op:28s} {100 * n / total:5.1f}% ex={int(executed[op]):<10d} {reasons_text}"
+        )
     return "\n".join(lines)
 
 
