@@ -45,9 +45,9 @@ from tokenspeed.kernels.cute_ops.common import (
     L2_EVICT_FIRST,
     accumulator_column,
     accumulator_slot,
-    column_max,
     column_sum,
     cute_tensor,
+    merge_row_max,
     staged_rows,
     store_staged_rows,
 )
@@ -66,37 +66,15 @@ def running_max(
     acc_s, m_i, l_i, red, rows: cutlass.Constexpr, warp_in_wg, wg, lane, parity
 ):  # fmt: skip
     """A tokens-on-M tile's step of the online softmax for one warp group: each row's max over
-    the tile's tokens (``acc_s``: scaled and masked scores), across its four warps through ``red[row, warp, group, parity]`` and the group's named
-    barrier ``1 + wg``; the running max ``m_i`` moves there and the denominators ``l_i`` are
-    rescaled. Returns ``(alpha, m_use)``: the factor the output is rescaled by, and the max to
-    subtract from the scores (0 for a row with nothing seen yet)."""
-    slots = rows // 4
-    tile_max = cute.make_rmem_tensor((slots,), Float32)
+    the tile's tokens (``acc_s``: scaled and masked scores), then ``merge_row_max`` across
+    its four warps through ``red[row, warp, group, parity]`` and the group's named barrier
+    ``1 + wg``. Returns ``(alpha, m_use)``."""
+    tile_max = cute.make_rmem_tensor((rows // 4,), Float32)
     tile_max.fill(_NEG_INF)
     for i in cutlass.range_constexpr(cute.size(acc_s)):
         j = accumulator_slot(i, rows)
         tile_max[j] = cute.arch.fmax(tile_max[j], acc_s[i])
-    for j in cutlass.range_constexpr(slots):
-        tile_max[j] = column_max(tile_max[j])
-    if lane < 4:
-        for j in cutlass.range_constexpr(slots):
-            red[accumulator_column(j, lane), warp_in_wg, wg, parity] = tile_max[j]
-    cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
-    alpha = cute.make_rmem_tensor((slots,), Float32)
-    m_use = cute.make_rmem_tensor((slots,), Float32)
-    for j in cutlass.range_constexpr(slots):
-        n = accumulator_column(j, lane % 4)
-        x = m_i[j]
-        for w in cutlass.range_constexpr(4):
-            x = cute.arch.fmax(x, red[n, w, wg, parity])
-        mu = x
-        if x == _NEG_INF:
-            mu = Float32(0.0)
-        alpha[j] = Float32(cute.math.exp2(m_i[j] - mu, fastmath=True))
-        m_use[j] = mu
-        m_i[j] = x
-        l_i[j] = l_i[j] * alpha[j]
-    return alpha, m_use
+    return merge_row_max(tile_max, m_i, l_i, red, (wg, parity), warp_in_wg, lane, 1 + wg)
 
 
 class KvRingProducer:

@@ -1,10 +1,12 @@
 """What the CuTe DSL kernels share: the wgmma accumulator's column order and the reductions
-down its rows (the token axis of a tokens-on-M product), the L2 hint, inline PTX with one
-32-bit result, vector accesses the DSL cannot prove aligned, output rows staged in shared
-memory and stored whole, and the torch-to-CuTe tensor view."""
+down its rows (the token axis of a tokens-on-M product), the online softmax's running max
+across a warp group, the L2 hint, inline PTX with one 32-bit result, vector accesses the DSL
+cannot prove aligned, output rows staged in shared memory and stored whole, and the
+torch-to-CuTe tensor view."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import cutlass
@@ -48,6 +50,48 @@ def column_sum(x: Any) -> Any:
     x = x + cute.arch.shuffle_sync_bfly(x, offset=4)
     x = x + cute.arch.shuffle_sync_bfly(x, offset=8)
     return x + cute.arch.shuffle_sync_bfly(x, offset=16)
+
+
+@cute.jit
+def merge_row_max(
+    tile_max: Any,
+    m_i: Any,
+    l_i: Any,
+    red: Any,
+    red_tail: tuple,
+    warp: Any,
+    lane: Any,
+    barrier_id: Any,
+) -> tuple[Any, Any]:
+    """A tokens-on-M tile's step of the online softmax across a warp group's four warps,
+    which each hold 16 of the tile's tokens: each thread's row maxima of the tile
+    (``tile_max``) reduced over its warp, exchanged through ``red[(row, warp, *red_tail)]``
+    and named barrier ``barrier_id`` (128 threads); the running max ``m_i`` moves to the
+    larger and the denominators ``l_i`` are rescaled. Returns ``(alpha, m_use)``: the
+    factor the output is rescaled by, and the max to subtract from the scores (0 for a row
+    with nothing seen yet, so that a fully masked tile yields zeros, not NaNs)."""
+    slots = cute.size(tile_max)
+    for j in cutlass.range_constexpr(slots):
+        tile_max[j] = column_max(tile_max[j])
+    if lane < 4:
+        for j in cutlass.range_constexpr(slots):
+            red[(accumulator_column(j, lane), warp, *red_tail)] = tile_max[j]
+    cute.arch.barrier(barrier_id=barrier_id, number_of_threads=128)
+    alpha = cute.make_rmem_tensor((slots,), cutlass.Float32)
+    m_use = cute.make_rmem_tensor((slots,), cutlass.Float32)
+    for j in cutlass.range_constexpr(slots):
+        n = accumulator_column(j, lane % 4)
+        x = m_i[j]
+        for w in cutlass.range_constexpr(4):
+            x = cute.arch.fmax(x, red[(n, w, *red_tail)])
+        mu = x
+        if x == -math.inf:
+            mu = cutlass.Float32(0.0)
+        alpha[j] = cutlass.Float32(cute.math.exp2(m_i[j] - mu, fastmath=True))
+        m_use[j] = mu
+        m_i[j] = x
+        l_i[j] = l_i[j] * alpha[j]
+    return alpha, m_use
 
 
 def ptx_i32(

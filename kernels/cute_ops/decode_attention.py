@@ -52,9 +52,9 @@ from .common import (
     L2_EVICT_FIRST,
     accumulator_column,
     accumulator_slot,
-    column_max,
     column_sum,
     cute_tensor,
+    merge_row_max,
 )
 from .configs import SM90_SMEM_BYTES, gqa_decode_default_config, gqa_decode_smem_bytes
 
@@ -420,27 +420,7 @@ class GqaDecodeSm90:
                 # cleared through the unswizzled view.
                 for e in cutlass.range(tidx, (TILE - (end - tile_start)) * d, 128):
                     s_v_rows[end - tile_start + e // d, e % d, stage] = BFloat16(0.0)
-            for j in cutlass.range_constexpr(slots):
-                tile_max[j] = column_max(tile_max[j])
-            parity = tile % 2
-            if lane < 4:
-                for j in cutlass.range_constexpr(slots):
-                    red[accumulator_column(j, lane), warp, parity] = tile_max[j]
-            cute.arch.barrier(barrier_id=1, number_of_threads=128)
-            alpha = cute.make_rmem_tensor((slots,), Float32)
-            m_use = cute.make_rmem_tensor((slots,), Float32)
-            for j in cutlass.range_constexpr(slots):
-                n = accumulator_column(j, lane % 4)
-                x = m_i[j]
-                for w in cutlass.range_constexpr(4):
-                    x = cute.arch.fmax(x, red[n, w, parity])
-                mu = x
-                if x == _NEG_INF:
-                    mu = Float32(0.0)
-                alpha[j] = Float32(cute.math.exp2(m_i[j] - mu, fastmath=True))
-                m_use[j] = mu
-                m_i[j] = x
-                l_i[j] = l_i[j] * alpha[j]
+            alpha, m_use = merge_row_max(tile_max, m_i, l_i, red, (tile % 2,), warp, lane, 1)
             for i in cutlass.range_constexpr(cute.size(acc_s)):
                 j = accumulator_slot(i, rows)
                 p = Float32(cute.math.exp2(acc_s[i] - m_use[j], fastmath=True))
