@@ -161,6 +161,24 @@ def query_to_f16(flat: cute.Tensor, tidx: Int32, threads: cutlass.Constexpr):
     cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta)
 
 
+@cute.jit
+def copy_page_scales(
+    scale_atom, m_scale, slot_scale, page_block: cutlass.Constexpr, box, c, index, barrier
+):  # fmt: skip
+    """Page block ``box``'s per-token scales (contiguous, like its tokens) into block ``c`` of
+    slot ``index``'s scales (``slot_scale``: token, slot), by one bulk copy completing on
+    ``barrier``: what every FP8 loader sends beside a tile's bytes."""
+    g_scale = cute.make_tensor(
+        cute.make_ptr(Float32, m_scale.iterator.toint() + cutlass.Int64(box) * page_block * 4,
+                      cute.AddressSpace.gmem, assumed_align=16),
+        cute.make_layout(page_block),
+    )  # fmt: skip
+    s_scale = cute.local_tile(slot_scale[None, index], (page_block,), (c,))
+    src, dst = cpasync.group_bulk_copy_modes(g_scale, s_scale)
+    with cute.arch.elect_one():
+        cute.copy(scale_atom, src, dst, mbar_ptr=barrier)
+
+
 class Fp8TileLoader:
     """What the FP8 decode kernels share: the loader warp's bulk copies of 64-token e4m3
     tiles (a page's tokens are contiguous rows of 576 bytes, so one copy per page block, no
@@ -213,23 +231,9 @@ class Fp8TileLoader:
                     cute.copy(bulk_atom, src, dst,
                               mbar_ptr=fp8_pipe.producer_get_barrier(state))  # fmt: skip
                 if cutlass.const_expr(slot_scale is not None):
-                    self._copy_scales(scale_atom, m_scale, slot_scale, box, c, state.index,
-                                      fp8_pipe.producer_get_barrier(state))  # fmt: skip
+                    copy_page_scales(scale_atom, m_scale, slot_scale, self.page_block, box, c,
+                                     state.index, fp8_pipe.producer_get_barrier(state))  # fmt: skip
             state.advance()
-
-    @cute.jit
-    def _copy_scales(self, scale_atom, m_scale, slot_scale, box, c, index, barrier):
-        """Page block ``box``'s per-token scales (contiguous) into block ``c`` of slot
-        ``index``'s scales, by one bulk copy completing on ``barrier``."""
-        g_scale = cute.make_tensor(
-            cute.make_ptr(Float32, m_scale.iterator.toint() + cutlass.Int64(box) * self.page_block * 4,
-                          cute.AddressSpace.gmem, assumed_align=16),
-            cute.make_layout(self.page_block),
-        )  # fmt: skip
-        s_scale = cute.local_tile(slot_scale[None, index], (self.page_block,), (c,))
-        src, dst = cpasync.group_bulk_copy_modes(g_scale, s_scale)
-        with cute.arch.elect_one():
-            cute.copy(scale_atom, src, dst, mbar_ptr=barrier)
 
     @cute.jit
     def _token_scale(self, m_scale, m_bt, b, pos, end, page_size):

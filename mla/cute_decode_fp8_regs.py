@@ -20,7 +20,7 @@ Warp roles (384 threads): two consumer warp groups take the split's tiles in tur
 ``g`` tiles ``g``, ``g + 2``, ...), each with its own softmax state, so one group's softmax
 and loads overlap the other's products; at the end group 1 hands its rows to group 0 through
 the spent ring, and group 0 merges and stores them. Warp 8 loads (``_load_slots``: the
-tiles by TMA, the per-token scales by ``Fp8TileLoader``'s bulk copies), in a warp group of
+tiles by TMA, the per-token scales by ``copy_page_scales``'s bulk copies), in a warp group of
 its own so that ``setmaxnreg`` can move its registers to the consumers.
 
 The scale is applied in float32 as in the other FP8 kernels: one per tensor folded into the
@@ -68,7 +68,12 @@ from tokenspeed.kernels.cute_ops.common import (
 )
 
 from .cute_decode import D_LATENT, D_QK, TILE, KvRingProducer, running_max
-from .cute_decode_fp8 import Q_F16_SCALE, Fp8TileLoader, bf16x2_to_f16x2_scaled, e4m3x2_to_f16x2
+from .cute_decode_fp8 import (
+    Q_F16_SCALE,
+    bf16x2_to_f16x2_scaled,
+    copy_page_scales,
+    e4m3x2_to_f16x2,
+)
 
 _NEG_INF = -math.inf
 _RUN = 16  # bytes of one shared load: a run of 16 values of one token
@@ -88,7 +93,7 @@ def byte_perm(a: Uint32, b: Uint32, selector: int, *, loc=None, ip=None) -> Uint
     return Uint32(ptx_i32(ptx, "=r,r,r", [a, b], side_effects=False, loc=loc, ip=ip))
 
 
-class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
+class MlaDecodeFp8RegsSm90(KvRingProducer):
     """One compiled variant: rows (16/32), page copy size, FP8 slots, scale kind."""
 
     loader_warp = 8
@@ -321,8 +326,8 @@ class MlaDecodeFp8RegsSm90(Fp8TileLoader, KvRingProducer):
                 cute.copy(tma_atom, t_kvg[(None, tma_box)], t_kvs[(None, c, 0, state.index)],
                           tma_bar_ptr=barrier)  # fmt: skip
                 if cutlass.const_expr(self.per_token):  # past the end: block 0's (unused)
-                    self._copy_scales(scale_atom, m_scale, slot_scale, box, c, state.index,
-                                      barrier)  # fmt: skip
+                    copy_page_scales(scale_atom, m_scale, slot_scale, self.page_block, box, c,
+                                     state.index, barrier)  # fmt: skip
             state.advance()
 
     @cute.jit

@@ -52,7 +52,7 @@ import cutlass.utils as utils
 from cutlass import BFloat16, Float16, Float32, Int32, Uint8, Uint32
 from cutlass.cute.nvgpu import cpasync
 
-from .cute_decode_fp8 import Q_F16_SCALE, query_to_f16, widen_word
+from .cute_decode_fp8 import Q_F16_SCALE, copy_page_scales, query_to_f16, widen_word
 from .cute_seesaw import _BAR_CONSUMERS, _PAIR
 from .cute_seesaw_pairs import _RELEASERS, D_QK, PIECE, ROWS, MlaDecodeSeesawPairsSm90
 
@@ -371,7 +371,6 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(fp8_full + slot, tx)
         base = m_kv.iterator.toint()
-        scale_base = m_scale.iterator.toint()
         for c in cutlass.range_constexpr(self.copies_per_tile):
             box = boxes[c]
             g_box = cute.make_tensor(
@@ -383,15 +382,8 @@ class MlaDecodeSeesawPairsFp8Sm90(MlaDecodeSeesawPairsSm90):
             with cute.arch.elect_one():  # one bulk copy, not one per lane
                 cute.copy(bulk_atom, src, dst, mbar_ptr=fp8_full + slot)
             if cutlass.const_expr(self.per_token):  # a page block's scales are contiguous too
-                g_scale = cute.make_tensor(
-                    cute.make_ptr(Float32, scale_base + cutlass.Int64(box) * self.page_block * 4,
-                                  cute.AddressSpace.gmem, assumed_align=16),
-                    cute.make_layout(self.page_block),
-                )  # fmt: skip
-                s_scale = cute.local_tile(slot_scale[None, slot], (self.page_block,), (c,))
-                src, dst = cpasync.group_bulk_copy_modes(g_scale, s_scale)
-                with cute.arch.elect_one():
-                    cute.copy(scale_atom, src, dst, mbar_ptr=fp8_full + slot)
+                copy_page_scales(scale_atom, m_scale, slot_scale, self.page_block, box, c, slot,
+                                 fp8_full + slot)  # fmt: skip
         self._fp8_boxes(boxes, m_bt, b, start + (tile + 1) * self.tile, end, page_size, first)
 
     @cute.jit
