@@ -28,13 +28,20 @@ def _num(text: str) -> float:
         return 0.0
 
 
-def summarise(path: Path, top: int = 20) -> str:
-    """The report as text (the CSV's first line names the kernel, the second is the header)."""
+def _read(path: Path) -> tuple[dict[str, int], list[list[str]], list[str], float]:
+    """The CSV's column index, instruction rows, stall-reason columns and total samples (its
+    first line names the kernel, the second is the header)."""
     rows = list(csv.reader(path.open()))
     header, data = rows[1], rows[2:]
     col = {name: i for i, name in enumerate(header)}
     reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
     total = sum(_num(r[col[SAMPLES]]) for r in data) or 1.0
+    return col, data, reasons, total
+
+
+def summarise(path: Path, top: int = 20) -> str:
+    """The report as text: stall reasons, then the instructions with the most samples."""
+    col, data, reasons, total = _read(path)
     lines = [f"total samples {int(total)}"]
     by_reason = {s: sum(_num(r[col[s]]) for r in data) for s in reasons}
     for name, value in sorted(by_reason.items(), key=lambda kv: -kv[1])[:10]:
@@ -59,11 +66,7 @@ def opcode(source: str) -> str:
 
 def by_opcode(path: Path, top: int = 20) -> str:
     """Samples, executed warp instructions and the top three stall reasons per opcode."""
-    rows = list(csv.reader(path.open()))
-    header, data = rows[1], rows[2:]
-    col = {name: i for i, name in enumerate(header)}
-    reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
-    total = sum(_num(r[col[SAMPLES]]) for r in data) or 1.0
+    col, data, reasons, total = _read(path)
     samples: Counter[str] = Counter()
     executed: Counter[str] = Counter()
     why: defaultdict[str, Counter[str]] = defaultdict(Counter)
