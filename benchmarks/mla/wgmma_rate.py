@@ -1,33 +1,36 @@
 """How many cycles one small wgmma takes on an SM, measured on the GPU.
 
 The FP8 register decode (``mla/cute_decode_fp8_regs.py``) issues 68 ``HGMMA.64x16x16`` per
-64-token tile at 16 rows (``64x32x16`` at 32), A from registers. With its operand feeding
-removed it still took ~60 us at 16 heads (~84 at 32), against ~75 us for 95 % of the copy
-bandwidth; whether that floor is the tensor core's rate at N = 16 or the softmax beside it
-decides what the next design must change. This times back-to-back wgmmas alone, for each N,
-A from registers (RS) or shared memory (SS), one accumulator chain or two, and one to three
-warp groups per SM, and reports nanoseconds and cycles per wgmma per SM (the clock is the one
-``fp8_widen_rate.py`` reads, ``%clock64`` against ``%globaltimer``, in a logic-only kernel run
-just before; under the tensor load it may be lower):
+64-token tile at 16 rows (``64x32x16`` at 32), A from registers. This times back-to-back
+wgmmas alone, for each N, A from registers (RS) or shared memory (SS), one accumulator chain
+or two, and one to four warp groups per SM, and reports nanoseconds and cycles per wgmma per
+SM (the clock is the one ``fp8_widen_rate.py`` reads, ``%clock64`` against ``%globaltimer``,
+in a logic-only kernel run just before; under the tensor load it may be lower):
 
     python3 benchmarks/mla/wgmma_rate.py [--out FILE.json] [--n 16,32,64,256] [--chains 1,2]
-    python3 benchmarks/mla/wgmma_rate.py --feed --n 16,32 --groups 1,2,3
+    python3 benchmarks/mla/wgmma_rate.py --feed --n 16,32 --groups 2,3,4 --buffers 2,3,4
 
 Each warp group keeps up to two commit groups of ``K_BLOCKS`` wgmmas in flight (the decode's
 pattern: ``wait_group(1)`` after each commit), its operands never rewritten, so the rate is
 the issue and tensor pipe's, not a dependency on loads. ``--feed`` instead rebuilds the A
-operand before every commit group as the FP8 register decode's scores do: two 16-byte shared
-loads of e4m3 bytes, 16 ``cvt`` to f16 pairs into one of two operand buffers (the other's
-wgmmas still in flight), then the four wgmmas. Against one to three warp groups per SM that
-says whether more warps with this pattern in flight would raise the decode's rate (it runs
-two consumer groups, latency-bound per its Nsight Compute profile). The ideal, from Hopper's dense f16
-rate (989 TFLOP/s over 132 SMs at 1.83 GHz: 4096 FLOP per clock per SM), is
-``64 * N * 16 * 2 / 4096`` cycles: 8 at N = 16, 16 at N = 32.
+operand before every commit group as the decode's scores do: two 16-byte shared loads of
+e4m3 bytes, 16 ``cvt`` to f16 pairs into one of ``--buffers`` operand buffers (the others'
+wgmmas still in flight), then the four wgmmas. The ideal, from Hopper's dense f16 rate (989
+TFLOP/s over 132 SMs at 1.83 GHz: 4096 FLOP per clock per SM), is ``64 * N * 16 * 2 / 4096``
+cycles: 8 at N = 16, 16 at N = 32.
+
+What it found on the H200 (``benchmarks/results/h200_wgmma_rate*.json``, docs/mla.md): RS at
+N = 16 takes 7.7 ns (15 cycles at 1.98 GHz) a wgmma with three groups, half the dense rate;
+N = 32, 9.3 ns (18.5 cycles); N = 64 and 256 run within 15 % of the ideal. Fed, N = 16
+takes 24.8 / 14.7 / 12.9 ns with one / two / three groups, and four groups or deeper
+buffers gain at most 2 % more: feeding costs at least ~1.7x the tensor core's own time
+there, whatever the warp count.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -39,7 +42,13 @@ K_BLOCKS = 4  # wgmmas a commit group (the decode's scores commit four k-blocks 
 
 
 def _rate_kernel(
-    n: int, a_in_regs: bool, groups: int, chains: int, sms: int, feed: bool = False
+    n: int,
+    a_in_regs: bool,
+    groups: int,
+    chains: int,
+    sms: int,
+    feed: bool = False,
+    buffers: int = 2,
 ) -> Any:
     """The CuTe kernel object for one configuration (imports CuTe DSL lazily)."""
     import cuda.bindings.driver as cuda
@@ -143,17 +152,18 @@ def _rate_kernel(
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
             else:
-                a_bufs = [r_a, cute.make_rmem_tensor_like(r_a)]
+                a_bufs = [r_a] + [cute.make_rmem_tensor_like(r_a) for _ in range(buffers - 1)]
                 a_words = [cute.recast_tensor(a, Uint32) for a in a_bufs]
                 runs = [cute.make_rmem_tensor((16,), Uint8) for _ in range(2)]
                 run_words = [cute.recast_tensor(r, Uint32) for r in runs]
-                for it in cutlass.range(iters // 2, unroll=1):
-                    for half in cutlass.range_constexpr(2):
+                for it in cutlass.range(iters // buffers, unroll=1):
+                    for half in cutlass.range_constexpr(buffers):
                         # two 16-byte runs a thread, a different pair every commit group
-                        at = ((2 * it + half) * 4096 + (tidx % 128) * 32) % feed_bytes
+                        at = ((buffers * it + half) * 4096 + (tidx % 128) * 32) % feed_bytes
                         for r in cutlass.range_constexpr(2):
                             cute.autovec_copy(vector_at(s_fp8, (at + 16 * r,), 16), runs[r])
-                        warpgroup.wait_group(1)  # the wgmmas reading this buffer are done
+                        # the wgmmas reading this buffer are done
+                        warpgroup.wait_group(buffers - 1)
                         words = a_words[half]
                         for u in cutlass.range_constexpr(16):  # every word of the operand
                             words[u] = e4m3x2_to_f16x2(run_words[u // 8][(u % 8) // 2],
@@ -184,7 +194,13 @@ def _sm_clock_ghz() -> float:
 
 
 def measure(
-    n: int, a_in_regs: bool, groups: int, chains: int, feed: bool = False, iters: int = 4096
+    n: int,
+    a_in_regs: bool,
+    groups: int,
+    chains: int,
+    feed: bool = False,
+    buffers: int = 2,
+    iters: int = 4096,
 ) -> dict:
     """Cycles per wgmma per SM for one configuration, timed with CUDA events."""
     import cuda.bindings.driver as cuda
@@ -197,7 +213,8 @@ def measure(
     out = torch.zeros(sms * 128 * groups, dtype=torch.float32, device="cuda")
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     m_out = cute_tensor(out)
-    kernel = _rate_kernel(n, a_in_regs, groups, chains, sms, feed)
+    iters -= iters % buffers  # whole rounds of the operand buffers
+    kernel = _rate_kernel(n, a_in_regs, groups, chains, sms, feed, buffers)
     fn = cute.compile(kernel, m_out, Int32(iters), stream)
     fn(m_out, Int32(iters), stream)
     torch.cuda.synchronize()
@@ -209,7 +226,8 @@ def measure(
     torch.cuda.synchronize()
     seconds = start.elapsed_time(end) / 1e3 / 5
     return {"n": n, "a": "registers" if a_in_regs else "shared", "groups": groups,
-            "chains": chains, "feed": feed, "seconds": seconds,
+            "chains": chains, "feed": feed, "buffers": buffers if feed else None,
+            "seconds": seconds,
             "wgmma_per_sm": groups * iters * K_BLOCKS}  # fmt: skip
 
 
@@ -220,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", default="16,32,64,256")
     parser.add_argument("--groups", default="1,2,3")
     parser.add_argument("--chains", default="1", help="accumulators a warp group cycles through")
+    parser.add_argument("--buffers", default="2", help="--feed: register operands in flight")
     parser.add_argument(
         "--feed", action="store_true", help="rebuild A from e4m3 bytes before each commit group"
     )
@@ -232,12 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in args.n.split(",")):
         for a_in_regs in (True,) if args.feed else (True, False):
             for groups in (int(x) for x in args.groups.split(",")):
-                for chains in (int(x) for x in args.chains.split(",")):
-                    # what one thread's accumulators take must leave room for the rest
-                    regs = chains * n // 2 + (80 if args.feed else 48)
+                for chains, buffers in itertools.product(
+                    (int(x) for x in args.chains.split(",")),
+                    (int(x) for x in args.buffers.split(",")) if args.feed else (2,),
+                ):
+                    # what one thread's accumulators and operands take must leave room
+                    regs = chains * n // 2 + (48 + 16 * buffers if args.feed else 48)
                     if regs > 200 or 128 * groups * regs > 65536:
                         continue
-                    r = measure(n, a_in_regs, groups, chains, args.feed)
+                    r = measure(n, a_in_regs, groups, chains, args.feed, buffers)
                     cycles = r["seconds"] * ghz * 1e9 / r["wgmma_per_sm"]
                     r.update(sm_ghz=ghz, ns_per_wgmma=r["seconds"] * 1e9 / r["wgmma_per_sm"],
                              cycles_per_wgmma=cycles, ideal_cycles=64 * n * 16 * 2 / 4096)  # fmt: skip
