@@ -10,3 +10,6 @@ for l in sys.stdin:
     try: r = json.loads(l)
     except Exception: print(l.rstrip()); continue
     print(r['n'], r['groups'], r['buffers'], round(r['ns_per_wgmma'], 2), round(r['cycles_per_wgmma'], 1))"
+echo "== rate64"; timeout 60 python3 benchmarks/mla/wgmma_rate.py --feed --n 64 --groups 1,2 --buffers 2,3 --out $OUT/wgmma_rate_feed_n64.json 2>&1 | tail -8
+timeout 40 python3 benchmarks/mla/wgmma_rate.py --n 64 --groups 1,2 --out $OUT/wgmma_rate_n64.json 2>&1 | tail -4
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
