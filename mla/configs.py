@@ -277,6 +277,8 @@ def cute_decode_plan(
                    **cfg}  # fmt: skip
             if cfg["mma_dtype"] != "f16" or int(cfg["stages"]) or int(cfg["fp8_stages"]) < 2:
                 raise ValueError("the FP8 register decode multiplies in f16, from 2+ FP8 slots")
+            if not 0 <= int(cfg.get("max_slack", 0)) <= 8:  # P stays within 256 in f16
+                raise ValueError(f"max_slack={cfg['max_slack']}: 0 to 8 (log2 units)")
         elif fp8_layout != "tokens":
             raise ValueError(
                 f"layout={fp8_layout!r}: the FP8 CuTe decode takes 'tokens', 'pairs' or 'regs'"
@@ -363,6 +365,12 @@ def cute_decode_plan(
         # faster (median of five paired readings on two H200s, four faster, one 0.8 % slower),
         # with one 0.1-1.5 % slower (DRAM sets the pace; docs/mla.md)
         "rope_early": int(cfg.get("rope_early", row_blocks > 1)) if layout == "pairs" else 0,
+        # the FP8 register kernel keeps a row's running max while no score of a tile exceeds
+        # it by more than this (log2 units; P then up to 2^slack in f16), which one barrier
+        # vote tells the group, and the exchange of the tile's maxima and the output's
+        # rescale are skipped; 0: both on every tile. 4: x0.979 / x0.966 the time of 0 at 16 /
+        # 32 heads (H100, interleaved replays, thirty-third session; 8 read the same)
+        "max_slack": int(cfg.get("max_slack", 4)) if layout == "regs" and fp8 else 0,
         "stages": stages,
         # KV tiles loaded with the L2 evict-first hint (cute_decode.KvRingProducer): 0.3-2.5 %
         # faster at 11 of 12 shapes over two H200 runs (docs/mla.md); 0 turns it off

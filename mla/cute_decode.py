@@ -751,7 +751,7 @@ def decode_kernel(spec: dict[str, Any]) -> Any:
 
         kernel: Any = MlaDecodeFp8RegsSm90(
             spec["rows"], spec["page_block"], spec["fp8_stages"], spec["split"],
-            spec["write_lse"], spec["per_token"], spec["ablation"],
+            spec["write_lse"], spec["per_token"], spec["ablation"], spec["max_slack"],
         )  # fmt: skip
     elif spec["fp8"] and spec["layout"] == "pairs":
         from .cute_seesaw_pairs_fp8 import MlaDecodeSeesawPairsFp8Sm90
@@ -808,7 +808,7 @@ def _kernel_spec(
         "tile": plan["tile"], "lazy_rescale": bool(plan["lazy_rescale"]),
         "rope_early": bool(plan["rope_early"]),
         "persistent": bool(plan["persistent"]), "widener_regs": plan["widener_regs"],
-        "mma_dtype": plan["mma_dtype"],
+        "mma_dtype": plan["mma_dtype"], "max_slack": plan["max_slack"],
     }  # fmt: skip
 
 

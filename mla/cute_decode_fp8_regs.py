@@ -60,6 +60,7 @@ import tokenspeed.mla.fp8_regs_layout as lay
 from tokenspeed.kernels.cute_ops.common import (
     accumulator_column,
     accumulator_slot,
+    barrier_or,
     column_sum,
     ptx_i32,
     staged_rows,
@@ -94,7 +95,7 @@ def byte_perm(a: Uint32, b: Uint32, selector: int, *, loc=None, ip=None) -> Uint
 
 
 class MlaDecodeFp8RegsSm90(KvRingProducer):
-    """One compiled variant: rows (16/32), page copy size, FP8 slots, scale kind."""
+    """One compiled variant: rows (16/32), page copy size, FP8 slots, scale kind, max slack."""
 
     loader_warp = 8
     threads = 384
@@ -105,7 +106,7 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
 
     def __init__(
         self, rows: int, page_block: int, fp8_stages: int, split: bool, write_lse: bool,
-        per_token: bool, ablation: str = "",
+        per_token: bool, ablation: str = "", max_slack: int = 0,
     ) -> None:  # fmt: skip
         if rows not in (16, 32):
             raise ValueError(f"rows={rows}: the FP8 register decode takes 16 or 32 rows per CTA")
@@ -124,6 +125,9 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
         self.write_lse = write_lse
         self.per_token = per_token
         self.ablation = ablation
+        if not 0 <= max_slack <= 8:
+            raise ValueError(f"max_slack={max_slack}: 0 to 8 (log2 units)")
+        self.max_slack = max_slack  # see _lazy_max
         self.mma_dtype = Float16
         # register operands widened ahead: two of each (one widened while the other's products
         # run), or at 32 rows one for the values (its 128 accumulator registers leave no room)
@@ -353,12 +357,13 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
         )
 
     @cute.jit
-    def _scores(self, mma_s, acc_s, r_sb, kv, a_s, runs, w, lane, vruns):
+    def _scores(self, mma_s, acc_s, r_sb, kv, a_s, runs, w, lane, vruns, state):
         """``s^T = K q^T`` over the tile in ``kv``: per group of 64 dims, two 16-byte runs
         widened into one of two register operands (the other group's products still in
         flight), then its four k-blocks issued. Before the wait that ends it, the values'
         first runs are loaded into ``vruns``, so the softmax hides their latency (x0.986 at
-        16 and 32 heads against loading them after it)."""
+        16 and 32 heads against loading them after it). ``state`` is the slot's, unused
+        here: ``benchmarks/mla/trace_regs.py`` stamps each tile's phases by its count."""
         run_words = [cute.recast_tensor(r, Uint32) for r in runs]
         a_words = [cute.recast_tensor(a, Uint32) for a in a_s]
         for g in cutlass.range_constexpr(_GROUPS):
@@ -494,7 +499,7 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
                     live = tile_start + my_tokens[h] < end
                     tok_scale[h] = Float32(cutlass.select_(
                         live, slot_scale[my_tokens[h], state.index], Float32(0.0)))  # fmt: skip
-            self._scores(mma_s, acc_s, r_sb, kv, a_s, runs, w, lane, vruns)
+            self._scores(mma_s, acc_s, r_sb, kv, a_s, runs, w, lane, vruns, state)
             if cutlass.const_expr(self.per_token):
                 for h in cutlass.range_constexpr(2):
                     row_scale[h] = scale_log2 * tok_scale[h]
@@ -511,7 +516,10 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
                     pos = tile_start + lay.tile_token(m)
                     if pos >= end or pos > first_t + (row0 + n) // num_heads:
                         acc_s[k] = Float32(_NEG_INF)
-            alpha, m_use = running_max(acc_s, m_i, l_i, red, rows, w, wg, lane, i % 2)
+            if cutlass.const_expr(self.max_slack):
+                m_use = self._lazy_max(acc_s, acc_o, m_i, l_i, red, w, wg, lane, i % 2)
+            else:
+                alpha, m_use = running_max(acc_s, m_i, l_i, red, rows, w, wg, lane, i % 2)
             # p^T = exp2(s^T - max) (times the token's scale) in f16, row sums per thread
             for k in cutlass.range_constexpr(cute.size(acc_s)):
                 j = accumulator_slot(k, rows)
@@ -526,8 +534,9 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
                 cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
             )
             cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
-            for k in cutlass.range_constexpr(cute.size(acc_o)):
-                acc_o[k] = acc_o[k] * alpha[accumulator_slot(k, rows)]
+            if cutlass.const_expr(not self.max_slack):
+                for k in cutlass.range_constexpr(cute.size(acc_o)):
+                    acc_o[k] = acc_o[k] * alpha[accumulator_slot(k, rows)]
             self._values(mma_o, acc_o, r_ob, kv, a_o, vruns, w, lane, tile_start, end, fp8_pipe,
                          state)  # fmt: skip
             state.advance()
@@ -562,6 +571,33 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
                 out_scale, b * rows_per_req + row0, num_splits, split, rows_per_req, row0,
                 wg_tidx, lane,
             )  # fmt: skip
+
+    @cute.jit
+    def _lazy_max(self, acc_s, acc_o, m_i, l_i, red, w, wg, lane, parity):
+        """The online softmax's max with slack: while no score of the tile exceeds its row's
+        running max by more than ``max_slack`` (which one barrier vote tells the whole group),
+        the max stays, and with it the denominators and the output (``alpha`` = 1); only
+        otherwise are the tile's maxima exchanged (``running_max``) and the output rescaled.
+        Returns the max to subtract from the scores (0 for a row with nothing seen yet)."""
+        slots = self.rows // 4
+        tile_max = cute.make_rmem_tensor((slots,), Float32)
+        tile_max.fill(_NEG_INF)
+        for k in cutlass.range_constexpr(cute.size(acc_s)):
+            j = accumulator_slot(k, self.rows)
+            tile_max[j] = cute.arch.fmax(tile_max[j], acc_s[k])
+        over = Int32(0)
+        for j in cutlass.range_constexpr(slots):  # -inf + slack stays -inf: the first tile
+            over = over | Int32(cutlass.select_(tile_max[j] > m_i[j] + self.max_slack, 1, 0))
+        m_use = cute.make_rmem_tensor((slots,), Float32)
+        for j in cutlass.range_constexpr(slots):
+            m_use[j] = cutlass.select_(m_i[j] == _NEG_INF, Float32(0.0), m_i[j])
+        if barrier_or(over, 1 + wg, 128) != 0:  # the same answer in the whole group
+            alpha, m_new = running_max(acc_s, m_i, l_i, red, self.rows, w, wg, lane, parity)
+            for j in cutlass.range_constexpr(slots):
+                m_use[j] = m_new[j]
+            for k in cutlass.range_constexpr(cute.size(acc_o)):
+                acc_o[k] = acc_o[k] * alpha[accumulator_slot(k, self.rows)]
+        return m_use
 
     @cute.jit
     def _merge_and_store(

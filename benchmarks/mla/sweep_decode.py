@@ -127,6 +127,12 @@ def variants(
         for slots in (3, 5):  # the plan's is 4
             rings[f"regs {slots}"] = {**regs, "fp8_stages": slots}
         rings["regs ablation l2_loads"] = {**regs, "ablation": "l2_loads"}
+        # the running max kept while no score of a tile passes it by more than the slack (the
+        # plan's is 4; 0 exchanges the maxima and rescales on every tile)
+        for slack in (0, 4, 8):
+            rings[f"regs slack{slack}"] = {**regs, "max_slack": slack}
+            rings[f"regs slack{slack} ablation l2_loads"] = {**regs, "max_slack": slack,
+                                                              "ablation": "l2_loads"}  # fmt: skip
         for ring, cfg in rings.items():
             out.append((
                 f"cute fp8 ring {ring}",

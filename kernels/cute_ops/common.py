@@ -12,7 +12,7 @@ from typing import Any
 import cutlass
 import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 # The 64-bit L2 cache-policy operand of an evict-first load (the encoding CUTLASS's
 # TMA::CacheHintSm90::EVICT_FIRST uses): streamed tiles that are read once.
@@ -92,6 +92,21 @@ def merge_row_max(
         m_i[j] = x
         l_i[j] = l_i[j] * alpha[j]
     return alpha, m_use
+
+
+@dsl_user_op
+def barrier_or(pred: Any, barrier_id: Any, threads: int, *, loc=None, ip=None) -> Any:
+    """``bar.red.or.pred``: named barrier ``barrier_id`` for ``threads`` threads that also
+    tells each of them whether any passed a non-zero ``pred`` (1 or 0, the same in all), in
+    one instruction where an exchange through shared memory takes stores, a barrier and
+    loads."""
+    ptx = (
+        "{ .reg .pred q, p; setp.ne.s32 q, $1, 0; "
+        f"bar.red.or.pred p, $2, {threads}, q; selp.s32 $0, 1, 0, p; }}"
+    )
+    operands = [cutlass.Int32(pred).ir_value(loc=loc, ip=ip),
+                cutlass.Int32(barrier_id).ir_value(loc=loc, ip=ip)]  # fmt: skip
+    return cutlass.Int32(ptx_i32(ptx, "=r,r,r", operands, side_effects=True, loc=loc, ip=ip))
 
 
 def ptx_i32(

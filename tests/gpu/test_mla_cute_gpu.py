@@ -278,6 +278,8 @@ FP8_CONFIGS = {
     # slots, and two (each consumer group one tile in flight)
     "registers": {"layout": "regs"},
     "registers, two slots": {"layout": "regs", "fp8_stages": 2},
+    # the running max kept while no score passes it by more than 8 (log2 units)
+    "registers, max slack 8": {"layout": "regs", "max_slack": 8},
 }
 
 
@@ -291,6 +293,27 @@ def test_fp8_cache_ragged(heads, q_len, splits, per_token, config):
     cache8, scale = _fp8(cache, per_token)
     out, lse = _run(q, cache8, tables, seq, num_splits=splits, kv_scale=scale,
                     config=FP8_CONFIGS[config])  # fmt: skip
+    _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
+
+
+@pytest.mark.parametrize("slack", [0, 4, 8])
+@pytest.mark.parametrize("gain", [1.0, 4.0, 30.0])
+@pytest.mark.parametrize("heads,q_len", [(16, 1), (32, 1), (8, 3)])
+def test_fp8_regs_max_slack(heads, q_len, gain, slack):
+    """The register kernel's running max with slack: keys growing page by page along each
+    request (up to 8x) and queries scaled by ``gain``, so that rows' maxima creep up, jump
+    past the slack now and then (then the tile's maxima are exchanged and the output
+    rescaled) and stay put in between; with the causal query block and a split per request
+    half."""
+    lens = [1500, 700, 64, q_len, 0]
+    q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads + int(gain) + slack)
+    for r in range(len(lens)):
+        for i, page in enumerate(tables[r].tolist()):
+            cache[page] = (cache[page].float() * (1 + 7 * i / tables.shape[1])).bfloat16()
+    q = (q.float() * gain).bfloat16()
+    cache8, scale = _fp8(cache, True)
+    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale,
+                    config={"layout": "regs", "max_slack": slack})  # fmt: skip
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 

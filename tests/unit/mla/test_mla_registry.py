@@ -223,6 +223,13 @@ def test_cute_fp8_decode_plan_rings_and_limits():
         configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True, config={**regs, "mma_dtype": "bf16"})
     with pytest.raises(ValueError, match="widens an FP8 cache"):
         configs.cute_decode_plan(8, 1, 32, 4096, 64, config=regs)
+    # the running max's slack: 4 unless asked (0: exact every tile), at most 8 (P within 256)
+    assert plan["max_slack"] == 4 and configs.cute_decode_plan(
+        8, 1, 32, 4096, 64, fp8=True, config={**regs, "max_slack": 0})["max_slack"] == 0  # fmt: skip
+    assert configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True,
+                                    config={"layout": "tokens"})["max_slack"] == 0  # fmt: skip
+    with pytest.raises(ValueError, match="max_slack=9"):
+        configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True, config={**regs, "max_slack": 9})
     # the tokens kernel (16-bit tiles widened by converter groups) on request
     tokens = {"layout": "tokens"}
     plan = configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True, config=tokens)
@@ -364,6 +371,9 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     regs = build(configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True), fp8=True)
     assert isinstance(regs, MlaDecodeFp8RegsSm90) and regs.per_token
     assert (regs.rows, regs.fp8_stages, regs.threads, regs.value_buffers) == (32, 4, 384, 1)
+    slack = build(configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True,
+                                           config={"max_slack": 0}), fp8=True)  # fmt: skip
+    assert (slack.rows, slack.max_slack, regs.max_slack) == (16, 0, 4)
     # setmaxnreg moves registers within the launch's 168 x 384: 2 x 240 + 24 = 3 x 168
     assert 2 * regs.consumer_regs + regs.loader_regs == 3 * 168
     fp8_pairs = build(configs.cute_decode_plan(128, 1, 128, 4096, 16, fp8=True), fp8=True)
