@@ -268,11 +268,15 @@ def cute_decode_plan(
             # two consumer groups taking turns on tiles, four FP8 slots of 40 KiB (swizzled
             # 128-byte TMA boxes) in the shared memory the query and p^T leave; 0.76x /
             # 0.87x the tokens kernel's time at 16 / 32 heads with per-token scales, 0.75x /
-            # 0.86x per-tensor (H200); five slots at 16 rows: x1.007, three: x1.043
-            if int(cfg.get("rows", 32)) not in (16, 32):
-                raise ValueError(f"rows={cfg['rows']}: the FP8 CuTe decode takes 16 or 32 per CTA")
+            # 0.86x per-tensor (H200); five slots at 16 rows: x1.007, three: x1.043. 64 rows
+            # on request (cute_decode_fp8_regs64.py: the groups take turns scoring and share
+            # every tile's values by output dims; three slots fit), not yet measured
+            if int(cfg.get("rows", 32)) not in (16, 32, 64):
+                raise ValueError(
+                    f"rows={cfg['rows']}: the FP8 register decode takes 16, 32 or 64 per CTA"
+                )
             rows_regs = int(cfg.get("rows", 16 if rows_per_req <= 16 else 32))
-            cfg = {"stages": 0, "fp8_stages": 4, "converter_wgs": 0,
+            cfg = {"stages": 0, "fp8_stages": 3 if rows_regs == 64 else 4, "converter_wgs": 0,
                    "wgs": 2, "rows": rows_regs, "mma_dtype": "f16", "layout": "regs",
                    **cfg}  # fmt: skip
             if cfg["mma_dtype"] != "f16" or int(cfg["stages"]) or int(cfg["fp8_stages"]) < 2:
