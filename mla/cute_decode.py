@@ -746,10 +746,17 @@ def _unused_partials(device: Any) -> tuple[Any, Any]:
 def decode_kernel(spec: dict[str, Any]) -> Any:
     """The kernel object a launch spec names (built, not compiled); the spec's fields are the
     plan's that shape the compiled code (``_kernel_spec``)."""
-    if spec["fp8"] and spec["layout"] == "regs":
+    if spec["fp8"] and spec["layout"] == "regs" and spec["rows"] == 64:
+        from .cute_decode_fp8_regs64 import MlaDecodeFp8Regs64Sm90
+
+        kernel: Any = MlaDecodeFp8Regs64Sm90(
+            spec["page_block"], spec["fp8_stages"], spec["split"], spec["write_lse"],
+            spec["per_token"], spec["ablation"], spec["max_slack"],
+        )  # fmt: skip
+    elif spec["fp8"] and spec["layout"] == "regs":
         from .cute_decode_fp8_regs import MlaDecodeFp8RegsSm90
 
-        kernel: Any = MlaDecodeFp8RegsSm90(
+        kernel = MlaDecodeFp8RegsSm90(
             spec["rows"], spec["page_block"], spec["fp8_stages"], spec["split"],
             spec["write_lse"], spec["per_token"], spec["ablation"], spec["max_slack"],
         )  # fmt: skip

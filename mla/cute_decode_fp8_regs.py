@@ -94,11 +94,21 @@ def byte_perm(a: Uint32, b: Uint32, selector: int, *, loc=None, ip=None) -> Uint
     return Uint32(ptx_i32(ptx, "=r,r,r", [a, b], side_effects=False, loc=loc, ip=ip))
 
 
+def shared_struct(fields: dict) -> type:
+    """A ``cute.struct`` of ``fields`` (name to type, in order), built where a class body's
+    annotations would be strings (this module's ``from __future__ import annotations``)
+    that the struct cannot read."""
+    storage = type("SharedStorage", (), {"__annotations__": dict(fields)})
+    return cute.struct(storage)
+
+
 class MlaDecodeFp8RegsSm90(KvRingProducer):
     """One compiled variant: rows (16/32), page copy size, FP8 slots, scale kind, max slack."""
 
     loader_warp = 8
     threads = 384
+    slot_readers = 4  # the warps of the one consumer group whose tile a slot holds
+    allowed_rows = (16, 32)
     # setmaxnreg: the launch gives 64 K / 384 -> 168 registers a thread; the loader's group
     # gives back to 24 and the consumers take 240 (2 x 240 + 24 = 3 x 168)
     consumer_regs = 240
@@ -108,8 +118,8 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
         self, rows: int, page_block: int, fp8_stages: int, split: bool, write_lse: bool,
         per_token: bool, ablation: str = "", max_slack: int = 0,
     ) -> None:  # fmt: skip
-        if rows not in (16, 32):
-            raise ValueError(f"rows={rows}: the FP8 register decode takes 16 or 32 rows per CTA")
+        if rows not in self.allowed_rows:
+            raise ValueError(f"rows={rows}: this FP8 register decode takes {self.allowed_rows}")
         if page_block not in (8, 16, 32, 64):
             raise ValueError(f"page_block={page_block} must be 8, 16, 32 or 64")
         if fp8_stages < 2:
@@ -196,21 +206,7 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
         )  # fmt: skip
         scale_atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), Float32,
                                          num_bits_per_copy=self.page_block * 32)  # fmt: skip
-        rows = self.rows
-
-        @cute.struct
-        class SharedStorage:
-            fp8_full_empty: cute.struct.MemRange[cutlass.Int64, self.fp8_stages * 2]
-            red: cute.struct.MemRange[Float32, 4 * rows * 2 * 2]  # (row, warp, group, parity)
-            row_max: cute.struct.MemRange[Float32, rows * 2]  # (row, group)
-            row_sum: cute.struct.MemRange[Float32, rows * 2]
-            s_q: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(q_layout)], 1024]
-            s_p: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(p_layout)], 1024]
-            s_fp8: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(fp8_layout)], 128]
-            # per-token scales, bulk-copied beside each slot's tile (token, slot)
-            slot_scale: cute.struct.Align[cute.struct.MemRange[Float32, TILE * self.fp8_stages], 16]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = self._shared_storage(q_layout, p_layout, fp8_layout)
         self.kernel(
             mma_s, mma_o, tma_atom, tma_kv, scale_atom, m_q, m_scale, q_layout, p_layout,
             fp8_layout, m_bt, m_seq, m_out, m_lse, m_part_o, m_part_lse,
@@ -219,6 +215,22 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
             grid=[row_blocks, num_splits, batch], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=1,
         )  # fmt: skip
+
+    def _shared_storage(self, q_layout, p_layout, fp8_layout):
+        """The CTA's shared memory: the ring's barriers, the softmax's exchange, the query,
+        one ``p^T`` per consumer group, the FP8 slots and their per-token scales."""
+        rows, mem, align = self.rows, cute.struct.MemRange, cute.struct.Align
+        return shared_struct({
+            "fp8_full_empty": mem[cutlass.Int64, self.fp8_stages * 2],
+            "red": mem[Float32, 4 * rows * 2 * 2],  # (row, warp, group, parity)
+            "row_max": mem[Float32, rows * 2],  # (row, group)
+            "row_sum": mem[Float32, rows * 2],
+            "s_q": align[mem[Float16, cute.cosize(q_layout)], 1024],
+            "s_p": align[mem[Float16, cute.cosize(p_layout)], 1024],
+            "s_fp8": align[mem[Uint8, cute.cosize(fp8_layout)], 128],
+            # per-token scales, bulk-copied beside each slot's tile (token, slot)
+            "slot_scale": align[mem[Float32, TILE * self.fp8_stages], 16],
+        })  # fmt: skip
 
     # -- device side --------------------------------------------------------------------------
 
@@ -258,13 +270,13 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
         # the consumers address the same bytes themselves (lay.slot_offset)
         s_fp8 = storage.s_fp8.get_tensor(cute.make_layout(cute.cosize(fp8_layout)))
         slot_scale = storage.slot_scale.get_tensor(cute.make_layout((TILE, self.fp8_stages)))
-        # FP8 ring: bulk copies (the tile, and its scales) complete its full barriers; the 4
-        # warps of the consumer group whose tile a slot holds empty it
+        # FP8 ring: bulk copies (the tile, and its scales) complete its full barriers; the
+        # warps that read a slot's tile (``slot_readers``) empty it
         fp8_pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.fp8_full_empty.data_ptr(),
             num_stages=self.fp8_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.slot_readers),
             tx_count=TILE * lay.SLOT_COLS + (TILE * 4 if self.per_token else 0),
             defer_sync=True,
         )
@@ -272,12 +284,8 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
         cute.arch.sync_threads()
         s_q = storage.s_q.get_tensor(q_layout.outer, swizzle=q_layout.inner)
         s_p = storage.s_p.get_tensor(p_layout.outer, swizzle=p_layout.inner)
-        rows = self.rows
-        red = storage.red.get_tensor(cute.make_layout((rows, 4, 2, 2)))
-        s_max = storage.row_max.get_tensor(cute.make_layout((rows, 2)))
-        s_sum = storage.row_sum.get_tensor(cute.make_layout((rows, 2)))
         rows_per_req = q_len * num_heads
-        row0 = rb * rows
+        row0 = rb * self.rows
 
         if warp >= self.loader_warp:
             cute.arch.warpgroup_reg_dealloc(self.loader_regs)
@@ -289,7 +297,7 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
             self._query_to_smem(m_q, s_q[None, None, 0], b, rows_per_req, row0, tidx)
             cute.arch.barrier(barrier_id=_BOTH_GROUPS, number_of_threads=256)
             self._consume(
-                mma_s, mma_o, s_q, s_p, s_fp8, slot_scale, red, s_max, s_sum, fp8_pipe, m_scale,
+                mma_s, mma_o, s_q, s_p, s_fp8, slot_scale, storage, fp8_pipe, m_scale,
                 m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, b,
                 split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp,
             )  # fmt: skip
@@ -385,8 +393,10 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
                 a = a_s[g % len(a_s)][None, None, j]
                 cute.gemm(mma_s, acc_s, a, r_sb[None, None, 4 * g + j], acc_s)
             warpgroup.commit_group()
-        # the values' first runs load under the last products and the softmax
-        self._value_runs(kv, vruns, 0, w, lane)
+        # the values' first runs load under the last products and the softmax (none: the
+        # 64-row kernel's next values product reads another tile)
+        if cutlass.const_expr(vruns is not None):
+            self._value_runs(kv, vruns, 0, w, lane)
         warpgroup.wait_group(0)
 
     @cute.jit
@@ -436,7 +446,7 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
 
     @cute.jit
     def _consume(
-        self, mma_s, mma_o, s_q, s_p, s_fp8, slot_scale, red, s_max, s_sum, fp8_pipe, m_scale,
+        self, mma_s, mma_o, s_q, s_p, s_fp8, slot_scale, storage, fp8_pipe, m_scale,
         m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits, b, split,
         rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp,
     ):  # fmt: skip
@@ -448,6 +458,9 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
         wg_tidx = tidx % 128
         rows = self.rows
         slots = rows // 4
+        red = storage.red.get_tensor(cute.make_layout((rows, 4, 2, 2)))
+        s_max = storage.row_max.get_tensor(cute.make_layout((rows, 2)))
+        s_sum = storage.row_sum.get_tensor(cute.make_layout((rows, 2)))
         scale_log2 = scale_log2 * (1.0 / Q_F16_SCALE)  # the query was scaled into f16's range
         out_scale = Float32(1.0)
         if cutlass.const_expr(not self.per_token):
@@ -491,31 +504,12 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
             tile = 2 * i + wg
             tile_start = start + tile * TILE
             tok_scale = cute.make_rmem_tensor((2,), Float32)
-            row_scale = cute.make_rmem_tensor((2,), Float32)
             fp8_pipe.consumer_wait(state)
             kv = cute.local_tile(s_fp8, (lay.SLOT_BYTES,), (state.index,))
-            if cutlass.const_expr(self.per_token):  # came with the tile (0 past the end)
-                for h in cutlass.range_constexpr(2):
-                    live = tile_start + my_tokens[h] < end
-                    tok_scale[h] = Float32(cutlass.select_(
-                        live, slot_scale[my_tokens[h], state.index], Float32(0.0)))  # fmt: skip
+            self._token_scales(tok_scale, slot_scale, my_tokens, tile_start, end, state.index)
             self._scores(mma_s, acc_s, r_sb, kv, a_s, runs, w, lane, vruns, state)
-            if cutlass.const_expr(self.per_token):
-                for h in cutlass.range_constexpr(2):
-                    row_scale[h] = scale_log2 * tok_scale[h]
-
-            # scale, mask (tokens past the split's end, causal query block), column max
-            for k in cutlass.range_constexpr(cute.size(acc_s)):
-                if cutlass.const_expr(self.per_token):
-                    acc_s[k] = acc_s[k] * row_scale[(k // 2) % 2]
-                else:
-                    acc_s[k] = acc_s[k] * scale_log2
-            if tile_start + TILE > cutlass.min(end, first_t + 1):  # one branch per tile
-                for k in cutlass.range_constexpr(cute.size(acc_s)):
-                    m, n = coords_s[k]
-                    pos = tile_start + lay.tile_token(m)
-                    if pos >= end or pos > first_t + (row0 + n) // num_heads:
-                        acc_s[k] = Float32(_NEG_INF)
+            self._scale_and_mask(acc_s, coords_s, tok_scale, scale_log2, tile_start, end,
+                                 first_t, row0, num_heads)  # fmt: skip
             if cutlass.const_expr(self.max_slack):
                 m_use = self._lazy_max(acc_s, acc_o, m_i, l_i, red, w, wg, lane, i % 2)
             else:
@@ -571,6 +565,37 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
                 out_scale, b * rows_per_req + row0, num_splits, split, rows_per_req, row0,
                 wg_tidx, lane,
             )  # fmt: skip
+
+    @cute.jit
+    def _token_scales(self, tok_scale, slot_scale, my_tokens, tile_start, end, index):
+        """With per-token scales, those of the thread's two tokens of the tile in slot
+        ``index`` (they came with it; 0 past the split's end)."""
+        if cutlass.const_expr(self.per_token):
+            for h in cutlass.range_constexpr(2):
+                live = tile_start + my_tokens[h] < end
+                tok_scale[h] = Float32(cutlass.select_(
+                    live, slot_scale[my_tokens[h], index], Float32(0.0)))  # fmt: skip
+
+    @cute.jit
+    def _scale_and_mask(self, acc_s, coords_s, tok_scale, scale_log2, tile_start, end, first_t,
+                        row0, num_heads):  # fmt: skip
+        """The tile's scores into log2 units (times the token's scale) and masked: tokens past
+        the split's end, and past a row's own query token in the causal query block."""
+        row_scale = cute.make_rmem_tensor((2,), Float32)
+        if cutlass.const_expr(self.per_token):
+            for h in cutlass.range_constexpr(2):
+                row_scale[h] = scale_log2 * tok_scale[h]
+        for k in cutlass.range_constexpr(cute.size(acc_s)):
+            if cutlass.const_expr(self.per_token):
+                acc_s[k] = acc_s[k] * row_scale[(k // 2) % 2]
+            else:
+                acc_s[k] = acc_s[k] * scale_log2
+        if tile_start + TILE > cutlass.min(end, first_t + 1):  # one branch per tile
+            for k in cutlass.range_constexpr(cute.size(acc_s)):
+                m, n = coords_s[k]
+                pos = tile_start + lay.tile_token(m)
+                if pos >= end or pos > first_t + (row0 + n) // num_heads:
+                    acc_s[k] = Float32(_NEG_INF)
 
     @cute.jit
     def _lazy_max(self, acc_s, acc_o, m_i, l_i, red, w, wg, lane, parity):

@@ -101,6 +101,16 @@ def value_load(warp: Any, lane: Any, c: int) -> tuple[list[Any], Any]:
     return tokens, warp * DIMS_PER_WARP + (lane // 4) * 16
 
 
+def value_load_half(warp: Any, lane: Any, c: int, half: Any) -> tuple[list[Any], Any]:
+    """The 64-row kernel's share of ``value_load``: each consumer group takes half of the
+    output, o^T's M tiles ``4 half`` to ``4 half + 3`` (rows ``256 half`` on), whose dims are
+    bytes ``8 half`` to ``8 half + 7`` of each 16-byte run, so a thread loads four 8-byte runs
+    per k-block; their words are ``value_word``'s 0-1, the operand's registers 0-15. In a
+    half warp, two of the 16 runs share banks (the same wavefronts as the 16-byte loads)."""
+    tokens, d0 = value_load(warp, lane, c)
+    return tokens, d0 + 8 * half
+
+
 # byte permutes that pair word u of two tokens' runs: dims 4u, 4u + 1 (low) or 4u + 2, 4u + 3
 PAIR_LOW = 0x5140
 PAIR_HIGH = 0x7362

@@ -202,6 +202,7 @@ def main() -> None:
     from tokenspeed.mla.cute_decode import MlaDecodeSm90
     from tokenspeed.mla.cute_decode_fp8 import MlaDecodeFp8Sm90
     from tokenspeed.mla.cute_decode_fp8_regs import MlaDecodeFp8RegsSm90
+    from tokenspeed.mla.cute_decode_fp8_regs64 import MlaDecodeFp8Regs64Sm90
     from tokenspeed.mla.cute_decode_persistent import MlaDecodePersistentSm90
     from tokenspeed.mla.cute_seesaw import MlaDecodeSeesawSm90
     from tokenspeed.mla.cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
@@ -232,6 +233,9 @@ def main() -> None:
         regs = MlaDecodeFp8RegsSm90(rows, 64, slots, False, True, per_token=True)
         report = compile_report(regs, *_mla_decode_fp8_regs_args(rows, 64))
         print(f"{f'FP8 cache, {rows} rows, in registers':<40} {report}")
+    regs64 = MlaDecodeFp8Regs64Sm90(64, 3, False, True, per_token=True)
+    report = compile_report(regs64, *_mla_decode_fp8_regs_args(64, 64))
+    print(f"{'FP8 cache, 64 rows, in registers':<40} {report}")
     fp8_pairs = MlaDecodeSeesawPairsFp8Sm90(32, 2, False, True, per_token=True)
     report = compile_report(fp8_pairs, *_mla_decode_fp8_args(64, 64, split=False, per_token=True))
     print(f"{'FP8 cache, 64 rows, pairs, 2 FP8 slots':<40} {report}")

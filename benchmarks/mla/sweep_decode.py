@@ -133,6 +133,13 @@ def variants(
             rings[f"regs slack{slack}"] = {**regs, "max_slack": slack}
             rings[f"regs slack{slack} ablation l2_loads"] = {**regs, "max_slack": slack,
                                                               "ablation": "l2_loads"}  # fmt: skip
+        # 64 rows widened in registers (cute_decode_fp8_regs64.py): scoring in turns, the
+        # values split by output dims between the groups
+        regs64 = {"layout": "regs", "rows": 64}
+        rings["regs64"] = regs64
+        rings["regs64 slack0"] = {**regs64, "max_slack": 0}
+        rings["regs64 2 slots"] = {**regs64, "fp8_stages": 2}
+        rings["regs64 ablation l2_loads"] = {**regs64, "ablation": "l2_loads"}
         for ring, cfg in rings.items():
             out.append((
                 f"cute fp8 ring {ring}",

@@ -360,6 +360,54 @@ def test_fp8_cache_more_than_32_rows(heads, q_len, per_token, layout):
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
+# -- FP8 cache, 64 rows widened in registers (cute_decode_fp8_regs64.py): the groups take turns
+# scoring tiles and share each tile's values by output dims --
+
+REGS64 = {"layout": "regs", "rows": 64}
+
+
+@pytest.mark.parametrize("slack", [0, 4])
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("heads,q_len", [(64, 1), (128, 1), (32, 2), (16, 3), (24, 3)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_fp8_regs64_ragged(heads, q_len, splits, per_token, slack):
+    """Odd and even tile counts (the last tile scored by either group), one request shorter
+    than a tile, an empty one, causal query blocks, rows past the request in the block."""
+    lens = [1000, 64, q_len, 777, 0, q_len + 63, 31, 129]
+    q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=5 * heads + q_len + splits)
+    cache8, scale = _fp8(cache, per_token)
+    out, lse = _run(q, cache8, tables, seq, num_splits=splits, kv_scale=scale,
+                    config={**REGS64, "max_slack": slack})  # fmt: skip
+    _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
+
+
+@pytest.mark.parametrize("slack", [0, 4, 8])
+@pytest.mark.parametrize("gain", [1.0, 30.0])
+@pytest.mark.parametrize("heads,q_len", [(64, 1), (32, 2)])
+def test_fp8_regs64_max_slack(heads, q_len, gain, slack):
+    """Keys growing along each request, so the maxima the two groups hand each other move
+    now and then: both groups' outputs and row sums must follow every published rescale."""
+    lens = [1500, 700, 64, q_len, 0]
+    q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads + int(gain) + slack)
+    for r in range(len(lens)):
+        for i, page in enumerate(tables[r].tolist()):
+            cache[page] = (cache[page].float() * (1 + 7 * i / tables.shape[1])).bfloat16()
+    q = (q.float() * gain).bfloat16()
+    cache8, scale = _fp8(cache, True)
+    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale,
+                    config={**REGS64, "max_slack": slack})  # fmt: skip
+    _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
+
+
+@pytest.mark.parametrize("page", [16, 128])
+def test_fp8_regs64_page_sizes(page):
+    lens = [300, 17, 256, 0]
+    q, cache, tables, seq = _problem(lens, 64, 1, page, seed=page)
+    cache8, scale = _fp8(cache, True)
+    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale, config=REGS64)
+    _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
+
+
 # -- FP8 cache, 64 rows a CTA (cute_seesaw_pairs_fp8.py): the pairs kernel behind an FP8 ring --
 
 
@@ -410,6 +458,7 @@ FP8_LAYOUTS = {
     "tokens bf16": {"layout": "tokens", "mma_dtype": "bf16"},
     "pairs bf16": {"layout": "pairs", "mma_dtype": "bf16"},
     "regs": {"layout": "regs"},
+    "regs64": REGS64,
 }
 
 
@@ -444,7 +493,9 @@ def test_fp8_every_byte_widens_exactly(per_token, layout):
     torch.testing.assert_close(lse[:, 0], score * SCALE, atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("heads,layout", [(16, "tokens"), (128, "pairs"), (16, "regs")])
+@pytest.mark.parametrize(
+    "heads,layout", [(16, "tokens"), (128, "pairs"), (16, "regs"), (64, "regs64")]
+)
 def test_fp8_cuda_graph_replay_with_new_lengths(heads, layout):
     from tokenspeed.mla import configs, cute_decode
 
@@ -452,7 +503,7 @@ def test_fp8_cuda_graph_replay_with_new_lengths(heads, layout):
     q, cache, tables, seq = _problem(lens, heads, 1, 64, seed=23)
     cache8, scale = _fp8(cache, True)
     out = torch.empty(2, 1, heads, 512, dtype=torch.bfloat16, device="cuda")
-    cfg = {"layout": layout}
+    cfg = REGS64 if layout == "regs64" else {"layout": layout}
     plan = configs.cute_decode_plan(2, 1, heads, tables.shape[1] * 64, 64, num_splits=2,
                                     fp8=True, config=cfg)  # fmt: skip
     workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device="cuda")

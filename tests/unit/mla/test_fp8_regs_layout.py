@@ -90,6 +90,39 @@ def test_values_operand_holds_the_transposed_cache():
     assert (seen == 1).all()
 
 
+def test_values_halves_hold_the_transposed_cache():
+    """The 64-row kernel's groups each hold half of o^T (256 rows, four M tiles): group
+    ``h``'s A[d, kappa] must be the cache value of token tile_token(kappa) at dim
+    value_dim(256 h + d), from 8-byte runs; the two halves read every byte once."""
+    seen = np.zeros((64, 512), dtype=int)
+    for half in (0, 1):
+        for w in range(WARPS):
+            for lane in range(LANES):
+                for c in range(4):
+                    tokens, d0 = lay.value_load_half(w, lane, c, half)
+                    runs = [[(t, d0 + i) for i in range(8)] for t in tokens]
+                    for run in runs:
+                        for t, d in run:
+                            seen[t, d] += 1
+                    regs = {}
+                    for u in range(2):
+                        for second_pair in (0, 1):
+                            a, b = runs[2 * second_pair], runs[2 * second_pair + 1]
+                            for high_pair, sel in ((0, lay.PAIR_LOW), (1, lay.PAIR_HIGH)):
+                                word = _prmt(a[4 * u : 4 * u + 4], b[4 * u : 4 * u + 4], sel)
+                                for high in (0, 1):
+                                    r = lay.value_word(u, second_pair, high_pair, high)
+                                    regs[r] = word[2 * high : 2 * high + 2]
+                    assert sorted(regs) == list(range(16))
+                    for i in range(4):  # M tile i of the group's 256 rows
+                        for e in range(8):
+                            m, k = lay.a_slot(w, lane, e)
+                            token, dim = regs[4 * i + e // 2][e % 2]
+                            assert token == lay.tile_token(16 * c + k)
+                            assert dim == lay.value_dim(256 * half + 64 * i + m)
+    assert (seen == 1).all()
+
+
 def _bank_ways(addresses: list[int]) -> int:
     """Wavefronts one 16-byte-per-lane shared load of 8 lanes needs beyond the first + 1."""
     chunks: dict[int, set[int]] = {}

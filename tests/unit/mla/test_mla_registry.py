@@ -213,6 +213,14 @@ def test_cute_fp8_decode_plan_rings_and_limits():
     regs = {"layout": "regs"}
     assert configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True,
                                     config={**regs, "fp8_stages": 2})["fp8_stages"] == 2  # fmt: skip
+    # 64 rows on request: three slots (query 72 + 2 x 8 + 3 x 40 KiB), a fourth does not fit
+    r64 = configs.cute_decode_plan(128, 1, 128, 4096, 64, fp8=True, config={**regs, "rows": 64})
+    assert (r64["rows"], r64["row_blocks"], r64["fp8_stages"], r64["max_slack"]) == (64, 2, 3, 4)
+    with pytest.raises(ValueError, match="shared memory"):
+        configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True,
+                                 config={**regs, "rows": 64, "fp8_stages": 4})  # fmt: skip
+    with pytest.raises(ValueError, match="16, 32 or 64 per CTA"):
+        configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={**regs, "rows": 48})
     with pytest.raises(ValueError, match="shared memory"):  # a fifth slot at 32 rows
         configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True, config={**regs, "fp8_stages": 5})
     with pytest.raises(ValueError, match="shared memory"):  # a sixth at 16
@@ -251,12 +259,18 @@ def test_cute_fp8_decode_plan_rings_and_limits():
 
 
 def test_cute_fp8_pairs_plan():
-    """More than 32 rows over an FP8 cache: 64 rows a CTA, one pair of 32-token bf16 stages
+    """33 to 64 rows over an FP8 cache: 64 rows a CTA, one pair of 32-token bf16 stages
     behind two 32-token FP8 slots (query 72 + 2 x 36 + P 8 + 2 x 18 KiB = 188 KiB; four slots
     fill 224), rope dims released with the hi half, O rescaled lazily, 72 registers a
-    widening thread."""
-    plan = configs.cute_decode_plan(128, 1, 128, 4096, 64, fp8=True)
-    assert (plan["layout"], plan["rows"], plan["row_blocks"], plan["tile"]) == ("pairs", 64, 2, 32)
+    widening thread. More rows: blocks of 64 on the register kernel, pairs on request."""
+    plan = configs.cute_decode_plan(128, 1, 64, 4096, 64, fp8=True)
+    assert (plan["layout"], plan["rows"], plan["row_blocks"], plan["tile"]) == ("pairs", 64, 1, 32)
+    wide = configs.cute_decode_plan(128, 1, 128, 4096, 64, fp8=True)
+    assert (wide["layout"], wide["rows"], wide["row_blocks"], wide["max_slack"]) == (
+        "regs", 64, 2, 4)  # fmt: skip
+    pairs128 = configs.cute_decode_plan(128, 1, 128, 4096, 64, fp8=True,
+                                        config={"layout": "pairs"})  # fmt: skip
+    assert (pairs128["layout"], pairs128["row_blocks"]) == ("pairs", 2)
     assert (plan["stages"], plan["fp8_stages"], plan["page_block"]) == (2, 2, 32)
     assert (plan["rope_early"], plan["lazy_rescale"], plan["page_prefetch"]) == (0, 1, 0)
     assert plan["widener_regs"] == 72 and plan["converter_wgs"] == 1
@@ -374,9 +388,18 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     slack = build(configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True,
                                            config={"max_slack": 0}), fp8=True)  # fmt: skip
     assert (slack.rows, slack.max_slack, regs.max_slack) == (16, 0, 4)
+    from tokenspeed.mla.cute_decode_fp8_regs64 import MlaDecodeFp8Regs64Sm90
+
+    regs64 = build(configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True,
+                                            config={"layout": "regs", "rows": 64}), fp8=True)  # fmt: skip
+    assert isinstance(regs64, MlaDecodeFp8Regs64Sm90)
+    assert (regs64.rows, regs64.fp8_stages, regs64.slot_readers, regs64.max_slack) == (64, 3, 8, 4)
+    with pytest.raises(ValueError, match="3 FP8 slots"):
+        MlaDecodeFp8Regs64Sm90(64, 4, False, True, True)
     # setmaxnreg moves registers within the launch's 168 x 384: 2 x 240 + 24 = 3 x 168
     assert 2 * regs.consumer_regs + regs.loader_regs == 3 * 168
-    fp8_pairs = build(configs.cute_decode_plan(128, 1, 128, 4096, 16, fp8=True), fp8=True)
+    fp8_pairs = build(configs.cute_decode_plan(128, 1, 128, 4096, 16, fp8=True,
+                                               config={"layout": "pairs"}), fp8=True)  # fmt: skip
     assert isinstance(fp8_pairs, MlaDecodeSeesawPairsFp8Sm90) and fp8_pairs.per_token
     assert (fp8_pairs.tile, fp8_pairs.stages, fp8_pairs.ring_pairs, fp8_pairs.fp8_stages) == (
         32, 2, 1, 2)  # fmt: skip
