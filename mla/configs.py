@@ -236,19 +236,19 @@ def cute_decode_plan(
     64 / 128 heads against 298 / 586 us for blocks of 32 rows on the tokens layout, which
     stays reachable with ``layout="tokens"``). More rows take the register layout in blocks
     of 64 (``rows=64``, ``cute_decode_fp8_regs64.py``: the groups score tiles in turns and
-    split each tile's values by output dims; H100: 372 us at 128 heads against 394 for pairs,
-    219 against 203 at 64 heads, where pairs stays the default). The tokens layout's default ring, 2 + 1 with
-    two converter groups, was the fastest of five on the H200 (2026-12-02, docs/mla.md), e.g.
-    139-145 us at 16 heads against 184-199 us for one converter group and 157-160 us for one
+    split each tile's values by output dims; H100: 372 us at 128 heads against 394 for
+    pairs, 219 against 203 at 64 heads, where pairs stays the default). The tokens layout's
+    default ring, 2 + 1 with two converter groups, was the fastest of five on the H200
+    (2026-12-02, docs/mla.md), e.g. 139-145 us at 16 heads against 184-199 us for one converter group and 157-160 us for one
     bf16 tile fed by two or three FP8 slots; with the exact widening of the same day, 142.4
     us against 156.5 us for one converter group.
     """
     cfg = dict(config or {})
     rows_per_req = q_len * heads
     if fp8:
-        # more than 32 rows: one CTA per 64 (cute_seesaw_pairs_fp8.py), each reading the
-        # cache once, 1.33-1.36x faster at 64 and 128 heads than blocks of 32 rows that each
-        # read it (H200, docs/mla.md)
+        # more than 32 rows: one CTA per 64 rows, each reading the cache once (the pairs
+        # kernel was 1.33-1.36x faster at 64 and 128 heads than blocks of 32 rows that each
+        # read it, H200, docs/mla.md)
         if "layout" not in cfg and rows_per_req > 64:
             # two or more blocks of 64 rows: the 64-row register kernel (cute_decode_fp8_regs64
             # .py), x0.942 the pairs kernel's time at 128 heads (H100, interleaved replays,
@@ -277,8 +277,8 @@ def cute_decode_plan(
             # 128-byte TMA boxes) in the shared memory the query and p^T leave; 0.76x /
             # 0.87x the tokens kernel's time at 16 / 32 heads with per-token scales, 0.75x /
             # 0.86x per-tensor (H200); five slots at 16 rows: x1.007, three: x1.043. 64 rows
-            # on request (cute_decode_fp8_regs64.py: the groups take turns scoring and share
-            # every tile's values by output dims; three slots fit), not yet measured
+            # (cute_decode_fp8_regs64.py: the groups take turns scoring and share every
+            # tile's values by output dims; three slots fit), the default above 64 rows
             if int(cfg.get("rows", 32)) not in (16, 32, 64):
                 raise ValueError(
                     f"rows={cfg['rows']}: the FP8 register decode takes 16, 32 or 64 per CTA"

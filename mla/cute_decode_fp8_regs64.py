@@ -36,8 +36,9 @@ Sized from the wgmma rates measured on Hopper (docs/mla.md): 68 wgmmas a tile at
 each when fed this way, ~160-190 us of tensor work at 128 heads against the 247-281 us
 target. First measured on an H100 (batch 128 x 4096, per-token scales): 372 us at 128 heads
 (x0.942 the pairs kernel's time; 334 us with every load an L2 hit) and 219 us at 64 heads
-(x1.083); with no slack (the maxima exchanged every tile) x1.33-1.38 slower, so the chain
-between the groups, not the tensor core, sets the pace. ptxas spills 156 bytes. Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; the launch wrapper is
+(x1.083); with no slack (the maxima exchanged every tile) x1.33-1.38 slower, which points
+at the chain between the groups, not the tensor core, as what sets the pace. ptxas spills
+156 bytes. Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; the launch wrapper is
 ``cute_decode.mla_decode`` (plan layout ``"regs"``, ``rows: 64``).
 """
 

@@ -232,8 +232,8 @@ def test_cute_fp8_decode_plan_rings_and_limits():
     with pytest.raises(ValueError, match="widens an FP8 cache"):
         configs.cute_decode_plan(8, 1, 32, 4096, 64, config=regs)
     # the running max's slack: 4 unless asked (0: exact every tile), at most 8 (P within 256)
-    assert plan["max_slack"] == 4 and configs.cute_decode_plan(
-        8, 1, 32, 4096, 64, fp8=True, config={**regs, "max_slack": 0})["max_slack"] == 0  # fmt: skip
+    exact = configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True, config={**regs, "max_slack": 0})
+    assert plan["max_slack"] == 4 and exact["max_slack"] == 0
     assert configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True,
                                     config={"layout": "tokens"})["max_slack"] == 0  # fmt: skip
     with pytest.raises(ValueError, match="max_slack=9"):
@@ -390,8 +390,9 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     assert (slack.rows, slack.max_slack, regs.max_slack) == (16, 0, 4)
     from tokenspeed.mla.cute_decode_fp8_regs64 import MlaDecodeFp8Regs64Sm90
 
-    regs64 = build(configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True,
-                                            config={"layout": "regs", "rows": 64}), fp8=True)  # fmt: skip
+    plan64 = configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True,
+                                      config={"layout": "regs", "rows": 64})  # fmt: skip
+    regs64 = build(plan64, fp8=True)
     assert isinstance(regs64, MlaDecodeFp8Regs64Sm90)
     assert (regs64.rows, regs64.fp8_stages, regs64.slot_readers, regs64.max_slack) == (64, 3, 8, 4)
     with pytest.raises(ValueError, match="3 FP8 slots"):
