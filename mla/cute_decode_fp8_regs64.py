@@ -216,7 +216,7 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
                 if i > 0:  # the other group has read this group's last p^T and factors
                     cute.arch.barrier(barrier_id=_FREE + wg, number_of_threads=256)
                 self._softmax(acc_s, l_i, m_use, r_p, t_sp, tok_scale, red, s_m, s_alpha, s_flag,
-                              w, wg, lane, wg_tidx, i % 2)  # fmt: skip
+                              w, wg, lane, wg_tidx, i % 2, self._slot_state(t))  # fmt: skip
             if t >= 1 and t - 1 < n_tiles:
                 if cutlass.const_expr(self.early_max):  # its p^T followed its max
                     cute.arch.barrier(barrier_id=_P_READY + 1 - wg, number_of_threads=256)
@@ -243,14 +243,15 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
 
     @cute.jit
     def _softmax(self, acc_s, l_i, m_use, r_p, t_sp, tok_scale, red, s_m, s_alpha, s_flag, w, wg,
-                 lane, wg_tidx, parity):  # fmt: skip
+                 lane, wg_tidx, parity, state):  # fmt: skip
         """The scored tile's online-softmax step, then its publication: each row's max is
         kept unless a score passes it by more than ``max_slack`` (one vote for the group);
         otherwise the maxima are exchanged (``merge_row_max``) and the new max and the
         factors go to shared memory. ``p^T`` (times the token's scale, in f16) is written
         for both groups' values, this group's row sums grow, and ``_READY + wg`` is
         arrived at once all of it is in place (with ``early_max``, ``_READY + wg`` once the
-        max, factors and flag are, and ``_P_READY + wg`` after ``p^T``)."""
+        max, factors and flag are, and ``_P_READY + wg`` after ``p^T``). ``state`` is the
+        tile's slot state, unused here: ``benchmarks/mla/trace_regs64.py`` stamps by it."""
         slots = self.rows // 4
         m_i = cute.make_rmem_tensor((slots,), Float32)
         tile_max = cute.make_rmem_tensor((slots,), Float32)
