@@ -102,6 +102,34 @@ def shared_struct(fields: dict) -> type:
     return cute.struct(storage)
 
 
+@cute.jit
+def mask_value_runs(vwords, tokens, tile_start, end):
+    """A values k-block's four runs (``vwords``, of the tokens ``tokens``) zeroed past the
+    split's end: ``p`` is 0 there, but a NaN byte would still reach the sum."""
+    for s in cutlass.range_constexpr(4):
+        live = tile_start + tokens[s] < end
+        for u in cutlass.range_constexpr(cute.size(vwords[s])):
+            vwords[s][u] = cutlass.select_(live, vwords[s][u], Uint32(0))
+
+
+@cute.jit
+def widen_value_runs(vwords, words):
+    """A values k-block's four runs into its register operand's ``words``: each word's bytes
+    paired across two tokens by byte permutes and widened to f16 pairs (``lay.value_word``
+    places them)."""
+    for u in cutlass.range_constexpr(cute.size(vwords[0])):
+        for second in cutlass.range_constexpr(2):
+            for high_pair in cutlass.range_constexpr(2):
+                pair = byte_perm(
+                    vwords[2 * second][u], vwords[2 * second + 1][u],
+                    (lay.PAIR_LOW, lay.PAIR_HIGH)[high_pair],
+                )  # fmt: skip
+                for high in cutlass.range_constexpr(2):
+                    words[lay.value_word(u, second, high_pair, high)] = e4m3x2_to_f16x2(
+                        pair, high == 1
+                    )
+
+
 class MlaDecodeFp8RegsSm90(KvRingProducer):
     """One compiled variant: rows (16/32), page copy size, FP8 slots, scale kind, max slack."""
 
@@ -419,24 +447,10 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
             tokens, _ = lay.value_load(w, lane, c)
             if cutlass.const_expr(c > 0):  # k-block 0's were loaded under the softmax
                 self._value_runs(kv, vruns, c, w, lane)
-            for s in cutlass.range_constexpr(4):
-                live = tile_start + tokens[s] < end
-                for u in cutlass.range_constexpr(_RUN // 4):
-                    vwords[s][u] = cutlass.select_(live, vwords[s][u], Uint32(0))
+            mask_value_runs(vwords, tokens, tile_start, end)
             if cutlass.const_expr(c >= len(a_o)):
                 warpgroup.wait_group(len(a_o) - 1)
-            words = a_words[c % len(a_o)]
-            for u in cutlass.range_constexpr(_RUN // 4):
-                for second in cutlass.range_constexpr(2):
-                    for high_pair in cutlass.range_constexpr(2):
-                        pair = byte_perm(
-                            vwords[2 * second][u], vwords[2 * second + 1][u],
-                            (lay.PAIR_LOW, lay.PAIR_HIGH)[high_pair],
-                        )  # fmt: skip
-                        for high in cutlass.range_constexpr(2):
-                            words[lay.value_word(u, second, high_pair, high)] = e4m3x2_to_f16x2(
-                                pair, high == 1
-                            )
+            widen_value_runs(vwords, a_words[c % len(a_o)])
             if cutlass.const_expr(c == _VALUE_BLOCKS - 1):
                 fp8_pipe.consumer_release(state)  # the tile's bytes are all in registers
             warpgroup.fence()
@@ -461,32 +475,11 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
         red = storage.red.get_tensor(cute.make_layout((rows, 4, 2, 2)))
         s_max = storage.row_max.get_tensor(cute.make_layout((rows, 2)))
         s_sum = storage.row_sum.get_tensor(cute.make_layout((rows, 2)))
-        scale_log2 = scale_log2 * (1.0 / Q_F16_SCALE)  # the query was scaled into f16's range
-        out_scale = Float32(1.0)
-        if cutlass.const_expr(not self.per_token):
-            out_scale = m_scale[0]
-            scale_log2 = scale_log2 * out_scale
-
-        thr_s = mma_s.get_slice(wg_tidx)
-        r_sb = mma_s.make_fragment_B(thr_s.partition_B(s_q[None, None, 0]))  # (MMA, 1, 36)
-        acc_s = cute.make_rmem_tensor(mma_s.partition_shape_C((TILE, rows)), Float32)
-        coords_s = thr_s.partition_C(cute.make_identity_tensor((TILE, rows)))
-        a_s = [
-            cute.make_rmem_tensor(mma_s.partition_shape_A((TILE, lay.GROUP)), Float16)
-            for _ in range(self.score_buffers)
-        ]
-        thr_o = mma_o.get_slice(wg_tidx)
-        acc_o = cute.make_rmem_tensor(mma_o.partition_shape_C((D_LATENT, rows)), Float32)
-        coords_o = thr_o.partition_C(cute.make_identity_tensor((D_LATENT, rows)))
-        a_o = [
-            cute.make_rmem_tensor(mma_o.partition_shape_A((D_LATENT, 16)), Float16)
-            for _ in range(self.value_buffers)
-        ]
+        scale_log2, out_scale = self._softmax_scales(scale_log2, m_scale)
+        thr_s, r_sb, acc_s, coords_s, a_s = self._score_operands(mma_s, s_q, wg_tidx)
+        thr_o, acc_o, coords_o, a_o = self._value_operands(mma_o, wg_tidx, D_LATENT)
         r_ob = mma_o.make_fragment_B(thr_o.partition_B(s_p[None, None, wg]))  # (MMA, 1, 4)
-        mma_o.set(warpgroup.Field.ACCUMULATE, True)
-        # p^T is written where s^T's accumulator sits: this group's p^T as (token, row)
-        s_p_tr = cute.make_tensor(s_p.iterator, cute.select(s_p.layout, mode=[1, 0, 2]))
-        t_sp = thr_s.partition_C(s_p_tr[None, None, wg])
+        t_sp = self._p_destination(thr_s, s_p, wg)
         r_p = cute.make_rmem_tensor_like(acc_s, Float16)
         runs = [cute.make_rmem_tensor((_RUN,), Uint8) for _ in range(2)]
         vruns = [cute.make_rmem_tensor((_RUN,), Uint8) for _ in range(4)]
@@ -514,19 +507,7 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
                 m_use = self._lazy_max(acc_s, acc_o, m_i, l_i, red, w, wg, lane, i % 2)
             else:
                 alpha, m_use = running_max(acc_s, m_i, l_i, red, rows, w, wg, lane, i % 2)
-            # p^T = exp2(s^T - max) (times the token's scale) in f16, row sums per thread
-            for k in cutlass.range_constexpr(cute.size(acc_s)):
-                j = accumulator_slot(k, rows)
-                p = Float32(cute.math.exp2(acc_s[k] - m_use[j], fastmath=True))
-                l_i[j] = l_i[j] + p
-                if cutlass.const_expr(self.per_token):
-                    r_p[k] = (p * tok_scale[(k // 2) % 2]).to(Float16)
-                else:
-                    r_p[k] = p.to(Float16)
-            cute.autovec_copy(r_p, t_sp)
-            cute.arch.fence_proxy(
-                cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
-            )
+            self._probabilities(acc_s, m_use, l_i, r_p, tok_scale, t_sp)
             cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
             if cutlass.const_expr(not self.max_slack):
                 for k in cutlass.range_constexpr(cute.size(acc_o)):
@@ -537,19 +518,10 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
             state.advance()
 
         # each group's row totals, then group 1's rows through the spent ring to group 0
-        for j in cutlass.range_constexpr(slots):
-            l_i[j] = column_sum(l_i[j])
-        if lane < 4:
-            for j in cutlass.range_constexpr(slots):
-                red[accumulator_column(j, lane), w, wg, 0] = l_i[j]
-        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
+        self._group_row_sums(l_i, red, s_sum, w, wg, lane)
         if w == 0 and lane < 4:
             for j in cutlass.range_constexpr(slots):
-                n = accumulator_column(j, lane)
-                s_sum[n, wg] = (
-                    red[n, 0, wg, 0] + red[n, 1, wg, 0] + red[n, 2, wg, 0] + red[n, 3, wg, 0]
-                )
-                s_max[n, wg] = m_i[j]
+                s_max[accumulator_column(j, lane), wg] = m_i[j]
         cute.arch.barrier(barrier_id=_BOTH_GROUPS, number_of_threads=256)
         handover = cute.make_tensor(
             cute.recast_ptr(s_fp8.iterator, dtype=Float32),
@@ -597,6 +569,96 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
                 if pos >= end or pos > first_t + (row0 + n) // num_heads:
                     acc_s[k] = Float32(_NEG_INF)
 
+    def _softmax_scales(self, scale_log2, m_scale):
+        """The scores' scale in log2 units and the output's: the query was scaled into f16's
+        range, and a per-tensor cache scale folds into both (per-token ones come with the
+        tiles)."""
+        scale_log2 = scale_log2 * (1.0 / Q_F16_SCALE)
+        out_scale = Float32(1.0)
+        if cutlass.const_expr(not self.per_token):
+            out_scale = m_scale[0]
+            scale_log2 = scale_log2 * out_scale
+        return scale_log2, out_scale
+
+    def _score_operands(self, mma_s, s_q, wg_tidx):
+        """A consumer thread's side of ``s^T = K q^T``: its slice, the query fragment
+        ``(MMA, 1, 36)``, the accumulator and its (token, row) coordinates, and the
+        ``score_buffers`` register operands K is widened into."""
+        thr_s = mma_s.get_slice(wg_tidx)
+        r_sb = mma_s.make_fragment_B(thr_s.partition_B(s_q[None, None, 0]))
+        acc_s = cute.make_rmem_tensor(mma_s.partition_shape_C((TILE, self.rows)), Float32)
+        coords_s = thr_s.partition_C(cute.make_identity_tensor((TILE, self.rows)))
+        a_s = [
+            cute.make_rmem_tensor(mma_s.partition_shape_A((TILE, lay.GROUP)), Float16)
+            for _ in range(self.score_buffers)
+        ]
+        return thr_s, r_sb, acc_s, coords_s, a_s
+
+    def _value_operands(self, mma_o, wg_tidx, dims: int):
+        """A consumer thread's side of ``o^T += V^T p^T`` over ``dims`` output dims: its slice,
+        the accumulator and its (dim, row) coordinates, and the ``value_buffers`` register
+        operands V is widened into (the products accumulate from here on)."""
+        thr_o = mma_o.get_slice(wg_tidx)
+        acc_o = cute.make_rmem_tensor(mma_o.partition_shape_C((dims, self.rows)), Float32)
+        coords_o = thr_o.partition_C(cute.make_identity_tensor((dims, self.rows)))
+        a_o = [
+            cute.make_rmem_tensor(mma_o.partition_shape_A((dims, 16)), Float16)
+            for _ in range(self.value_buffers)
+        ]
+        mma_o.set(warpgroup.Field.ACCUMULATE, True)
+        return thr_o, acc_o, coords_o, a_o
+
+    def _p_destination(self, thr_s, s_p, buffer):
+        """Where a thread writes its part of ``p^T`` buffer ``buffer``: where s^T's accumulator
+        sits, the buffer seen as (token, row)."""
+        s_p_tr = cute.make_tensor(s_p.iterator, cute.select(s_p.layout, mode=[1, 0, 2]))
+        return thr_s.partition_C(s_p_tr[None, None, buffer])
+
+    @cute.jit
+    def _probabilities(self, acc_s, m_use, l_i, r_p, tok_scale, t_sp):
+        """``p^T = exp2(s^T - max)`` (times the token's scale) in f16 into shared memory for
+        the values product, and the rows' sums per thread grown."""
+        for k in cutlass.range_constexpr(cute.size(acc_s)):
+            j = accumulator_slot(k, self.rows)
+            p = Float32(cute.math.exp2(acc_s[k] - m_use[j], fastmath=True))
+            l_i[j] = l_i[j] + p
+            if cutlass.const_expr(self.per_token):
+                r_p[k] = (p * tok_scale[(k // 2) % 2]).to(Float16)
+            else:
+                r_p[k] = p.to(Float16)
+        cute.autovec_copy(r_p, t_sp)
+        cute.arch.fence_proxy(
+            cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
+        )
+
+    @cute.jit
+    def _tile_max(self, acc_s):
+        """Each of the thread's rows' max over its tokens of the tile."""
+        tile_max = cute.make_rmem_tensor((self.rows // 4,), Float32)
+        tile_max.fill(_NEG_INF)
+        for k in cutlass.range_constexpr(cute.size(acc_s)):
+            j = accumulator_slot(k, self.rows)
+            tile_max[j] = cute.arch.fmax(tile_max[j], acc_s[k])
+        return tile_max
+
+    @cute.jit
+    def _group_row_sums(self, l_i, red, s_sum, w, wg, lane):
+        """The group's row sums (``l_i``, per thread) totalled over its tokens into
+        ``s_sum[row, wg]``, through ``red`` and the group's barrier."""
+        slots = self.rows // 4
+        for j in cutlass.range_constexpr(slots):
+            l_i[j] = column_sum(l_i[j])
+        if lane < 4:
+            for j in cutlass.range_constexpr(slots):
+                red[accumulator_column(j, lane), w, wg, 0] = l_i[j]
+        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
+        if w == 0 and lane < 4:
+            for j in cutlass.range_constexpr(slots):
+                n = accumulator_column(j, lane)
+                s_sum[n, wg] = (
+                    red[n, 0, wg, 0] + red[n, 1, wg, 0] + red[n, 2, wg, 0] + red[n, 3, wg, 0]
+                )
+
     @cute.jit
     def _lazy_max(self, acc_s, acc_o, m_i, l_i, red, w, wg, lane, parity):
         """The online softmax's max with slack: while no score of the tile exceeds its row's
@@ -605,11 +667,7 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
         otherwise are the tile's maxima exchanged (``running_max``) and the output rescaled.
         Returns the max to subtract from the scores (0 for a row with nothing seen yet)."""
         slots = self.rows // 4
-        tile_max = cute.make_rmem_tensor((slots,), Float32)
-        tile_max.fill(_NEG_INF)
-        for k in cutlass.range_constexpr(cute.size(acc_s)):
-            j = accumulator_slot(k, self.rows)
-            tile_max[j] = cute.arch.fmax(tile_max[j], acc_s[k])
+        tile_max = self._tile_max(acc_s)
         over = Int32(0)
         for j in cutlass.range_constexpr(slots):  # -inf + slack stays -inf: the first tile
             over = over | Int32(cutlass.select_(tile_max[j] > m_i[j] + self.max_slack, 1, 0))

@@ -60,7 +60,6 @@ from tokenspeed.kernels.cute_ops.common import (
     accumulator_column,
     accumulator_slot,
     barrier_or,
-    column_sum,
     merge_row_max,
     staged_rows,
     store_staged_rows,
@@ -68,8 +67,12 @@ from tokenspeed.kernels.cute_ops.common import (
 )
 
 from .cute_decode import D_LATENT, TILE
-from .cute_decode_fp8 import Q_F16_SCALE, e4m3x2_to_f16x2
-from .cute_decode_fp8_regs import MlaDecodeFp8RegsSm90, byte_perm, shared_struct
+from .cute_decode_fp8_regs import (
+    MlaDecodeFp8RegsSm90,
+    mask_value_runs,
+    shared_struct,
+    widen_value_runs,
+)
 
 _NEG_INF = -math.inf
 _HALF = D_LATENT // 2  # o^T rows (latent dims) per consumer group
@@ -150,33 +153,13 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
         s_alpha = storage.alpha.get_tensor(cute.make_layout((rows, 2)))
         s_flag = storage.flag.get_tensor(cute.make_layout((2,)))
         s_sum = storage.row_sum.get_tensor(cute.make_layout((rows, 2)))
-        scale_log2 = scale_log2 * (1.0 / Q_F16_SCALE)  # the query was scaled into f16's range
-        out_scale = Float32(1.0)
-        if cutlass.const_expr(not self.per_token):
-            out_scale = m_scale[0]
-            scale_log2 = scale_log2 * out_scale
-
-        thr_s = mma_s.get_slice(wg_tidx)
-        r_sb = mma_s.make_fragment_B(thr_s.partition_B(s_q[None, None, 0]))  # (MMA, 1, 36)
-        acc_s = cute.make_rmem_tensor(mma_s.partition_shape_C((TILE, rows)), Float32)
-        coords_s = thr_s.partition_C(cute.make_identity_tensor((TILE, rows)))
-        a_s = [
-            cute.make_rmem_tensor(mma_s.partition_shape_A((TILE, lay.GROUP)), Float16)
-            for _ in range(self.score_buffers)
-        ]
-        thr_o = mma_o.get_slice(wg_tidx)
-        acc_o = cute.make_rmem_tensor(mma_o.partition_shape_C((_HALF, rows)), Float32)
-        coords_o = thr_o.partition_C(cute.make_identity_tensor((_HALF, rows)))
-        a_o = [
-            cute.make_rmem_tensor(mma_o.partition_shape_A((_HALF, 16)), Float16)
-            for _ in range(self.value_buffers)
-        ]
+        scale_log2, out_scale = self._softmax_scales(scale_log2, m_scale)
+        thr_s, r_sb, acc_s, coords_s, a_s = self._score_operands(mma_s, s_q, wg_tidx)
+        thr_o, acc_o, coords_o, a_o = self._value_operands(mma_o, wg_tidx, _HALF)
         # p^T of this group's tiles and of the other's: (MMA, 1, 4) each
         r_ob_mine = mma_o.make_fragment_B(thr_o.partition_B(s_p[None, None, wg]))
         r_ob_other = mma_o.make_fragment_B(thr_o.partition_B(s_p[None, None, 1 - wg]))
-        mma_o.set(warpgroup.Field.ACCUMULATE, True)
-        s_p_tr = cute.make_tensor(s_p.iterator, cute.select(s_p.layout, mode=[1, 0, 2]))
-        t_sp = thr_s.partition_C(s_p_tr[None, None, wg])
+        t_sp = self._p_destination(thr_s, s_p, wg)
         r_p = cute.make_rmem_tensor_like(acc_s, Float16)
         runs = [cute.make_rmem_tensor((_SCORE_RUN,), Uint8) for _ in range(2)]
         vruns = [cute.make_rmem_tensor((_VALUE_RUN,), Uint8) for _ in range(4)]
@@ -254,11 +237,7 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
         tile's slot state, unused here: ``benchmarks/mla/trace_regs64.py`` stamps by it."""
         slots = self.rows // 4
         m_i = cute.make_rmem_tensor((slots,), Float32)
-        tile_max = cute.make_rmem_tensor((slots,), Float32)
-        tile_max.fill(_NEG_INF)
-        for k in cutlass.range_constexpr(cute.size(acc_s)):
-            j = accumulator_slot(k, self.rows)
-            tile_max[j] = cute.arch.fmax(tile_max[j], acc_s[k])
+        tile_max = self._tile_max(acc_s)
         over = Int32(0)
         for j in cutlass.range_constexpr(slots):  # -inf + slack stays -inf: the first tile
             m_i[j] = s_m[accumulator_column(j, lane % 4)]
@@ -279,18 +258,7 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
             s_flag[wg] = moved
         if cutlass.const_expr(self.early_max):  # each thread after its own writes
             cute.arch.barrier_arrive(barrier_id=_READY + wg, number_of_threads=256)
-        for k in cutlass.range_constexpr(cute.size(acc_s)):
-            j = accumulator_slot(k, self.rows)
-            p = Float32(cute.math.exp2(acc_s[k] - m_use[j], fastmath=True))
-            l_i[j] = l_i[j] + p
-            if cutlass.const_expr(self.per_token):
-                r_p[k] = (p * tok_scale[(k // 2) % 2]).to(Float16)
-            else:
-                r_p[k] = p.to(Float16)
-        cute.autovec_copy(r_p, t_sp)
-        cute.arch.fence_proxy(
-            cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta
-        )
+        self._probabilities(acc_s, m_use, l_i, r_p, tok_scale, t_sp)
         cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
         published = (_READY, _P_READY)[int(self.early_max)]
         cute.arch.barrier_arrive(barrier_id=published + wg, number_of_threads=256)
@@ -321,24 +289,10 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
             for s in cutlass.range_constexpr(4):
                 at = (lay.value_offset(w, lane, c, s, half),)
                 cute.autovec_copy(vector_at(kv, at, _VALUE_RUN), vruns[s])
-            for s in cutlass.range_constexpr(4):
-                live = tile_start + tokens[s] < end
-                for u in cutlass.range_constexpr(_VALUE_RUN // 4):
-                    vwords[s][u] = cutlass.select_(live, vwords[s][u], Uint32(0))
+            mask_value_runs(vwords, tokens, tile_start, end)
             if cutlass.const_expr(c >= len(a_o)):
                 warpgroup.wait_group(len(a_o) - 1)
-            words = a_words[c % len(a_o)]
-            for u in cutlass.range_constexpr(_VALUE_RUN // 4):
-                for second in cutlass.range_constexpr(2):
-                    for high_pair in cutlass.range_constexpr(2):
-                        pair = byte_perm(
-                            vwords[2 * second][u], vwords[2 * second + 1][u],
-                            (lay.PAIR_LOW, lay.PAIR_HIGH)[high_pair],
-                        )  # fmt: skip
-                        for high in cutlass.range_constexpr(2):
-                            words[lay.value_word(u, second, high_pair, high)] = e4m3x2_to_f16x2(
-                                pair, high == 1
-                            )
+            widen_value_runs(vwords, a_words[c % len(a_o)])
             if cutlass.const_expr(c == _VALUE_BLOCKS - 1):
                 fp8_pipe.consumer_release(state)
             warpgroup.fence()
@@ -356,18 +310,7 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
         rows (gathered in the spent query block and stored whole by both groups) and
         natural-log LSE, or a split's fp32 partial and base-2 LSE."""
         slots = self.rows // 4
-        for j in cutlass.range_constexpr(slots):
-            l_i[j] = column_sum(l_i[j])
-        if lane < 4:
-            for j in cutlass.range_constexpr(slots):
-                red[accumulator_column(j, lane), w, wg, 0] = l_i[j]
-        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
-        if w == 0 and lane < 4:
-            for j in cutlass.range_constexpr(slots):
-                n = accumulator_column(j, lane)
-                s_sum[n, wg] = (
-                    red[n, 0, wg, 0] + red[n, 1, wg, 0] + red[n, 2, wg, 0] + red[n, 3, wg, 0]
-                )
+        self._group_row_sums(l_i, red, s_sum, w, wg, lane)
         cute.arch.barrier(barrier_id=_BOTH_GROUPS, number_of_threads=256)
         inv = cute.make_rmem_tensor((slots,), Float32)
         for j in cutlass.range_constexpr(slots):

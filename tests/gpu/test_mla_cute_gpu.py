@@ -296,6 +296,15 @@ def test_fp8_cache_ragged(heads, q_len, splits, per_token, config):
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
+def _growing_keys(q, cache, tables, gain: float):
+    """Each request's pages scaled up along it (up to 8x), so that rows' maxima creep up and
+    now and then jump; returns the query scaled by ``gain``."""
+    for r in range(tables.shape[0]):
+        for i, page in enumerate(tables[r].tolist()):
+            cache[page] = (cache[page].float() * (1 + 7 * i / tables.shape[1])).bfloat16()
+    return (q.float() * gain).bfloat16()
+
+
 @pytest.mark.parametrize("slack", [0, 4, 8])
 @pytest.mark.parametrize("gain", [1.0, 4.0, 30.0])
 @pytest.mark.parametrize("heads,q_len", [(16, 1), (32, 1), (8, 3)])
@@ -307,10 +316,7 @@ def test_fp8_regs_max_slack(heads, q_len, gain, slack):
     half."""
     lens = [1500, 700, 64, q_len, 0]
     q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads + int(gain) + slack)
-    for r in range(len(lens)):
-        for i, page in enumerate(tables[r].tolist()):
-            cache[page] = (cache[page].float() * (1 + 7 * i / tables.shape[1])).bfloat16()
-    q = (q.float() * gain).bfloat16()
+    q = _growing_keys(q, cache, tables, gain)
     cache8, scale = _fp8(cache, True)
     out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale,
                     config={"layout": "regs", "max_slack": slack})  # fmt: skip
@@ -391,10 +397,7 @@ def test_fp8_regs64_max_slack(heads, q_len, gain, slack):
     now and then: both groups' outputs and row sums must follow every published rescale."""
     lens = [1500, 700, 64, q_len, 0]
     q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads + int(gain) + slack)
-    for r in range(len(lens)):
-        for i, page in enumerate(tables[r].tolist()):
-            cache[page] = (cache[page].float() * (1 + 7 * i / tables.shape[1])).bfloat16()
-    q = (q.float() * gain).bfloat16()
+    q = _growing_keys(q, cache, tables, gain)
     cache8, scale = _fp8(cache, True)
     out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale,
                     config={**REGS64, "max_slack": slack})  # fmt: skip

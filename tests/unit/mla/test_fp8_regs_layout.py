@@ -17,6 +17,23 @@ def _prmt(a: list, b: list, selector: int) -> list:
     return [both[i] for i in SEL[selector]]
 
 
+def _value_regs(runs: list[list]) -> dict[int, list]:
+    """A thread's values operand registers as the kernel fills them from its four runs (of
+    ``(token, dim)`` bytes): each 4-byte word of two tokens' runs paired by the byte
+    permutes, each half widened into register ``value_word``."""
+    regs = {}
+    for u in range(len(runs[0]) // 4):
+        for second_pair in (0, 1):
+            a, b = runs[2 * second_pair], runs[2 * second_pair + 1]
+            for high_pair, sel in ((0, lay.PAIR_LOW), (1, lay.PAIR_HIGH)):
+                word = _prmt(a[4 * u : 4 * u + 4], b[4 * u : 4 * u + 4], sel)
+                for high in (0, 1):
+                    regs[lay.value_word(u, second_pair, high_pair, high)] = word[
+                        2 * high : 2 * high + 2
+                    ]
+    return regs
+
+
 def test_query_order_is_a_permutation_of_word_pairs():
     starts = [lay.query_element(p) for p in range(288)]
     assert sorted(starts) == list(range(0, 576, 2))
@@ -71,15 +88,7 @@ def test_values_operand_holds_the_transposed_cache():
                 for run in runs:
                     for t, d in run:
                         seen[t, d] += 1
-                regs = {}
-                for u in range(4):
-                    for second_pair in (0, 1):
-                        a, b = runs[2 * second_pair], runs[2 * second_pair + 1]
-                        for high_pair, sel in ((0, lay.PAIR_LOW), (1, lay.PAIR_HIGH)):
-                            word = _prmt(a[4 * u : 4 * u + 4], b[4 * u : 4 * u + 4], sel)
-                            for high in (0, 1):
-                                r = lay.value_word(u, second_pair, high_pair, high)
-                                regs[r] = word[2 * high : 2 * high + 2]
+                regs = _value_regs(runs)
                 assert sorted(regs) == list(range(32))
                 for i in range(8):  # M tile i of o^T's 512 rows
                     for e in range(8):
@@ -104,15 +113,7 @@ def test_values_halves_hold_the_transposed_cache():
                     for run in runs:
                         for t, d in run:
                             seen[t, d] += 1
-                    regs = {}
-                    for u in range(2):
-                        for second_pair in (0, 1):
-                            a, b = runs[2 * second_pair], runs[2 * second_pair + 1]
-                            for high_pair, sel in ((0, lay.PAIR_LOW), (1, lay.PAIR_HIGH)):
-                                word = _prmt(a[4 * u : 4 * u + 4], b[4 * u : 4 * u + 4], sel)
-                                for high in (0, 1):
-                                    r = lay.value_word(u, second_pair, high_pair, high)
-                                    regs[r] = word[2 * high : 2 * high + 2]
+                    regs = _value_regs(runs)
                     assert sorted(regs) == list(range(16))
                     for i in range(4):  # M tile i of the group's 256 rows
                         for e in range(8):
