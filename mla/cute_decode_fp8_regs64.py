@@ -21,7 +21,7 @@ tile ``t`` waits for tile ``t - 1``'s publication before its softmax (its scores
 before that wait, overlap the other group's softmax), and keeps each row's max while no score
 passes it by more than ``max_slack`` (one ``bar.red.or`` vote, as in the 32-row kernel); only
 then are the maxima exchanged and the outputs of both groups rescaled. With ``early_max``
-(the default) the max, factors and flag are published on their own barrier before the
+(a plan key, off by default until timed) the max, factors and flag are published on their own barrier before the
 tile's exponentials and ``p^T``, so the next scorer's softmax need not wait for those. A
 group runs, per tile
 of its own: scores(t), [wait for t - 1], softmax(t) and publish, values(t - 1), values(t), so
@@ -98,7 +98,7 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
 
     def __init__(
         self, page_block: int, fp8_stages: int, split: bool, write_lse: bool, per_token: bool,
-        ablation: str = "", max_slack: int = 4, early_max: bool = True,
+        ablation: str = "", max_slack: int = 4, early_max: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(64, page_block, fp8_stages, split, write_lse, per_token, ablation,
                          max_slack)  # fmt: skip

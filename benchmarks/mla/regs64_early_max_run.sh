@@ -1,8 +1,8 @@
-# The GPU calls that check and measure branch wip/fp8-regs64-early-max (two calls, ~8 min each):
-#   run(command="bash benchmarks/mla/wip_regs64_run.sh tests", carry=[".whl-peer"])
-#   run(command="bash benchmarks/mla/wip_regs64_run.sh sweep", carry=[".whl-peer"])
-# after `bash benchmarks/mla/peer_wheels.sh` here. Merge only if the tests pass; keep
-# early_max on only if the sweep shows it faster than late_max.
+# The GPU calls that check and time the 64-row FP8 kernel's early_max (two calls, ~8 min each):
+#   run(command="bash benchmarks/mla/regs64_early_max_run.sh tests", carry=[".whl-peer"])
+#   run(command="bash benchmarks/mla/regs64_early_max_run.sh sweep", carry=[".whl-peer"])
+# after `bash benchmarks/mla/peer_wheels.sh` here. The tests passed (188, H100, thirty-fourth
+# session); early_max is off by default until the sweep shows it faster than without.
 source benchmarks/mla/peer_wheels.sh --install
 cd $PWD
 if [ "${1:-}" = "tests" ]; then
@@ -11,10 +11,10 @@ if [ "${1:-}" = "tests" ]; then
 else
   timeout 100 python3 benchmarks/mla/trace_regs64.py --heads 128 --out $OUT/trace_regs64.json \
     2>&1 | tail -2
-  timeout 100 python3 benchmarks/mla/trace_regs64.py --heads 128 --config '{"early_max": 0}' \
-    --out $OUT/trace_regs64_late_max.json 2>&1 | tail -2
+  timeout 100 python3 benchmarks/mla/trace_regs64.py --heads 128 --config '{"early_max": 1}' \
+    --out $OUT/trace_regs64_early_max.json 2>&1 | tail -2
   timeout 240 python3 benchmarks/mla/sweep_decode.py --heads 64,128 --fp8 token \
-    --interleave 8 --variants "registry,cute fp8 ring regs64,cute fp8 ring regs64 late_max,cute fp8 ring pairs 2+2,cute fp8 ring regs64 ablation l2_loads" \
+    --interleave 8 --variants "registry,cute fp8 ring regs64,cute fp8 ring regs64 early_max,cute fp8 ring pairs 2+2,cute fp8 ring regs64 ablation l2_loads" \
     --out $OUT/sweep_regs64_early_max.json 2>&1 | tail -12
   # the 16/32-row kernel with its loads addressed from few bases: against the previous
   # session's readings on the same kind of card (117.8 / 126.6 us on an H100)
