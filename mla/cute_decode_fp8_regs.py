@@ -403,9 +403,9 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
         run_words = [cute.recast_tensor(r, Uint32) for r in runs]
         a_words = [cute.recast_tensor(a, Uint32) for a in a_s]
         for g in cutlass.range_constexpr(_GROUPS):
-            t0, t1, d0 = lay.score_load(w, lane, g)
-            cute.autovec_copy(vector_at(kv, (lay.slot_offset(t0, d0),), _RUN), runs[0])
-            cute.autovec_copy(vector_at(kv, (lay.slot_offset(t1, d0),), _RUN), runs[1])
+            for second in cutlass.range_constexpr(2):  # lay.score_load's two runs
+                at = (lay.score_offset(w, lane, g, second),)
+                cute.autovec_copy(vector_at(kv, at, _RUN), runs[second])
             if cutlass.const_expr(g >= len(a_s)):  # the products that read this buffer are done
                 warpgroup.wait_group(len(a_s) - 1)
             words = a_words[g % len(a_s)]
@@ -430,9 +430,9 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
     @cute.jit
     def _value_runs(self, kv, vruns, c, w, lane):
         """The four 16-byte runs of values k-block ``c`` this thread widens."""
-        tokens, d0 = lay.value_load(w, lane, c)
-        for s in cutlass.range_constexpr(4):
-            cute.autovec_copy(vector_at(kv, (lay.slot_offset(tokens[s], d0),), _RUN), vruns[s])
+        for s in cutlass.range_constexpr(4):  # lay.value_load's runs
+            at = (lay.value_offset(w, lane, c, s),)
+            cute.autovec_copy(vector_at(kv, at, _RUN), vruns[s])
 
     @cute.jit
     def _values(self, mma_o, acc_o, r_ob, kv, a_o, vruns, w, lane, tile_start, end, fp8_pipe,

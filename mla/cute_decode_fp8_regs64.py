@@ -20,7 +20,10 @@ The running max is one chain through the CTA's tiles, held in shared memory: the
 tile ``t`` waits for tile ``t - 1``'s publication before its softmax (its scores, issued
 before that wait, overlap the other group's softmax), and keeps each row's max while no score
 passes it by more than ``max_slack`` (one ``bar.red.or`` vote, as in the 32-row kernel); only
-then are the maxima exchanged and the outputs of both groups rescaled. A group runs, per tile
+then are the maxima exchanged and the outputs of both groups rescaled. With ``early_max``
+(a plan key, off by default until timed) the max, factors and flag are published on their own barrier before the
+tile's exponentials and ``p^T``, so the next scorer's softmax need not wait for those. A
+group runs, per tile
 of its own: scores(t), [wait for t - 1], softmax(t) and publish, values(t - 1), values(t), so
 each group issues 34 wgmmas per tile and the chain between the groups is one softmax long.
 Named barrier ``_FREE + g`` tells group ``g`` that the other group has finished reading its
@@ -77,25 +80,31 @@ _VALUE_RUN = 8  # bytes of one shared load of the values: a group's half of a 16
 _SCORE_RUN = 16
 _VALUE_BLOCKS = TILE // 16
 # named barriers: 1 + g within consumer group g, 3 across both groups, _READY + g: group g's
-# tile published (arrive by g, sync by the other), _FREE + g: the other group is done with
-# group g's p^T and factors (arrive by the other, sync by g)
+# tile published (arrive by g, sync by the other; with ``early_max`` only its max, factors
+# and flag, and _P_READY + g its p^T), _FREE + g: the other group is done with group g's p^T
+# and factors (arrive by the other, sync by g)
 _BOTH_GROUPS = 3
 _READY = 4
 _FREE = 6
+_P_READY = 8
 
 
 class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
-    """One compiled variant: page copy size, FP8 slots (2-3), scale kind, max slack."""
+    """One compiled variant: page copy size, FP8 slots (2-3), scale kind, max slack, and
+    whether the max is published before ``p^T`` (``early_max``)."""
 
     slot_readers = 8  # both groups read every tile's values
     allowed_rows = (64,)
 
     def __init__(
         self, page_block: int, fp8_stages: int, split: bool, write_lse: bool, per_token: bool,
-        ablation: str = "", max_slack: int = 4,
+        ablation: str = "", max_slack: int = 4, early_max: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(64, page_block, fp8_stages, split, write_lse, per_token, ablation,
                          max_slack)  # fmt: skip
+        # the next scorer needs only the max, factors and flag: published before the tile's
+        # exponentials and p^T, they take those off the chain between the groups
+        self.early_max = early_max
         if fp8_stages > 3:
             raise ValueError(f"fp8_stages={fp8_stages}: 64 rows leave room for 3 FP8 slots")
         self.score_buffers = 2
@@ -190,8 +199,10 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
                 if i > 0:  # the other group has read this group's last p^T and factors
                     cute.arch.barrier(barrier_id=_FREE + wg, number_of_threads=256)
                 self._softmax(acc_s, l_i, m_use, r_p, t_sp, tok_scale, red, s_m, s_alpha, s_flag,
-                              w, wg, lane, wg_tidx, i % 2)  # fmt: skip
+                              w, wg, lane, wg_tidx, i % 2, self._slot_state(t))  # fmt: skip
             if t >= 1 and t - 1 < n_tiles:
+                if cutlass.const_expr(self.early_max):  # its p^T followed its max
+                    cute.arch.barrier(barrier_id=_P_READY + 1 - wg, number_of_threads=256)
                 before = self._slot_state(t - 1)
                 fp8_pipe.consumer_wait(before)  # complete already: the scorer waited for it
                 values = cute.local_tile(s_fp8, (lay.SLOT_BYTES,), (before.index,))
@@ -215,13 +226,15 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
 
     @cute.jit
     def _softmax(self, acc_s, l_i, m_use, r_p, t_sp, tok_scale, red, s_m, s_alpha, s_flag, w, wg,
-                 lane, wg_tidx, parity):  # fmt: skip
+                 lane, wg_tidx, parity, state):  # fmt: skip
         """The scored tile's online-softmax step, then its publication: each row's max is
         kept unless a score passes it by more than ``max_slack`` (one vote for the group);
         otherwise the maxima are exchanged (``merge_row_max``) and the new max and the
         factors go to shared memory. ``p^T`` (times the token's scale, in f16) is written
         for both groups' values, this group's row sums grow, and ``_READY + wg`` is
-        arrived at once all of it is in place."""
+        arrived at once all of it is in place (with ``early_max``, ``_READY + wg`` once the
+        max, factors and flag are, and ``_P_READY + wg`` after ``p^T``). ``state`` is the
+        tile's slot state, unused here: ``benchmarks/mla/trace_regs64.py`` stamps by it."""
         slots = self.rows // 4
         m_i = cute.make_rmem_tensor((slots,), Float32)
         tile_max = self._tile_max(acc_s)
@@ -243,9 +256,12 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
                     s_alpha[n, wg] = alpha[j]
         if wg_tidx == 0:
             s_flag[wg] = moved
+        if cutlass.const_expr(self.early_max):  # each thread after its own writes
+            cute.arch.barrier_arrive(barrier_id=_READY + wg, number_of_threads=256)
         self._probabilities(acc_s, m_use, l_i, r_p, tok_scale, t_sp)
         cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
-        cute.arch.barrier_arrive(barrier_id=_READY + wg, number_of_threads=256)
+        published = (_READY, _P_READY)[int(self.early_max)]
+        cute.arch.barrier_arrive(barrier_id=published + wg, number_of_threads=256)
 
     @cute.jit
     def _rescale(self, acc_o, s_alpha, scorer, lane):
@@ -269,9 +285,9 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
         vwords = [cute.recast_tensor(r, Uint32) for r in vruns]
         a_words = [cute.recast_tensor(a, Uint32) for a in a_o]
         for c in cutlass.range_constexpr(_VALUE_BLOCKS):
-            tokens, d0 = lay.value_load_half(w, lane, c, half)
+            tokens, _ = lay.value_load_half(w, lane, c, half)
             for s in cutlass.range_constexpr(4):
-                at = (lay.slot_offset(tokens[s], d0),)
+                at = (lay.value_offset(w, lane, c, s, half),)
                 cute.autovec_copy(vector_at(kv, at, _VALUE_RUN), vruns[s])
             mask_value_runs(vwords, tokens, tile_start, end)
             if cutlass.const_expr(c >= len(a_o)):

@@ -63,6 +63,28 @@ def slot_offset(token: Any, dim: Any) -> Any:
     return block * (64 * 128) + token * 128 + chunk * 16 + dim % 16
 
 
+BLOCK_BYTES = 64 * 128  # one 128-byte column block of a slot's 64 tokens
+VALUE_BLOCK_TOKENS_BYTES = 16 * 128  # a values k-block's 16 tokens within a column block
+
+
+def score_offset(warp: Any, lane: Any, g: int, second: int) -> Any:
+    """``slot_offset`` of ``score_load``'s run of its first or ``second`` token in group
+    ``g``, written as one of two per-token bases (even or odd ``g``) plus a constant, so that
+    the kernel keeps four addresses live across the nine groups instead of eighteen."""
+    token = tile_token(16 * warp + lane // 4 + 8 * second)
+    chunk = ((lane % 4) ^ (token % 8)) ^ (4 * (g % 2))
+    return (g // 2) * BLOCK_BYTES + (token * 128 + chunk * 16)
+
+
+def value_offset(warp: Any, lane: Any, c: int, s: int, half: Any = 0) -> Any:
+    """``slot_offset`` of ``value_load``'s run ``s`` of k-block ``c`` (from byte ``8 half``
+    of the run, as ``value_load_half``): a per-run base plus a constant for ``c``, four
+    addresses live across the tile's k-blocks."""
+    first = tile_token(2 * (lane % 4) + (0, 1, 8, 9)[s])  # the token within its k-block
+    base = warp * BLOCK_BYTES + first * 128 + ((lane // 4) ^ (first % 8)) * 16 + 8 * half
+    return c * VALUE_BLOCK_TOKENS_BYTES + base
+
+
 def query_element(p: Any) -> Any:
     """Where the scores' K order puts the query's 32-bit word ``p`` (dims ``2p``, ``2p + 1``,
     0-287): the position of its first value (the second follows it)."""

@@ -41,17 +41,18 @@ WARPS = 4  # consumer warps a group
 _TRACE: torch.Tensor | None = None
 
 
-def traced_class(base: type, address: int, ctas: int) -> tuple[type, Any]:
-    """``base`` (the register kernel) with ``_scores`` and ``_values`` stamped into the buffer
-    at ``address`` for its first ``ctas`` CTAs, and the stand-in for the module's
-    ``running_max`` that stamps around the row max (installed by ``trace_regs``)."""
+def stamper(address: int, ctas: int, max_tiles: int, events: int) -> Any:
+    """``stamp(tile, event)`` for traced CuTe code: lane 0 of each consumer warp of the first
+    ``ctas`` CTAs stores ``%clock64`` and ``%globaltimer`` at ``[cta, group, warp, tile,
+    event]`` of the int64 buffer at ``address`` (``[ctas, 2, WARPS, max_tiles, events, 2]``),
+    by a predicated store, not a branch (a branch between a ``wgmma`` and its wait would
+    make ptxas serialise them)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass import Int32, Int64
     from cutlass.cutlass_dsl import dsl_user_op
 
     from tokenspeed.kernels.cute_ops.common import ptx_i32
-    from tokenspeed.mla.cute_decode import running_max
 
     @dsl_user_op
     def stamp_if(at: Any, pred: Any, *, loc: Any = None, ip: Any = None) -> None:
@@ -60,18 +61,32 @@ def traced_class(base: type, address: int, ctas: int) -> tuple[type, Any]:
         operands = [Int64(at).ir_value(loc=loc, ip=ip), Int32(pred).ir_value(loc=loc, ip=ip)]
         ptx_i32(ptx, "=r,l,r", operands, side_effects=True, loc=loc, ip=ip)
 
-    def stamp(state: Any, event: int) -> None:
+    def stamp(tile: Any, event: int) -> None:
         tid = Int32(cute.arch.thread_idx()[0])
         rb, split, b = cute.arch.block_idx()
         n_rb, n_split, _ = cute.arch.grid_dim()
         cta = (Int32(b) * Int32(n_split) + Int32(split)) * Int32(n_rb) + Int32(rb)
         group, warp = tid // 128, (tid // 32) % WARPS
-        tile = Int32(state.count) // 2  # group g's i-th tile is the split's 2 i + g
-        inside = cutlass.select_(cta < ctas, cutlass.select_(tile < MAX_TILES, 1, 0), 0)
+        tile = Int32(tile)
+        inside = cutlass.select_(cta < ctas, cutlass.select_(tile < max_tiles, 1, 0), 0)
         ok = cutlass.select_(tid % 32 == 0, Int32(inside), Int32(0))
-        index = (((Int64(cta) * 2 + Int64(group)) * WARPS + Int64(warp)) * MAX_TILES
-                 + Int64(tile)) * EVENTS + event  # fmt: skip
+        index = (((Int64(cta) * 2 + Int64(group)) * WARPS + Int64(warp)) * max_tiles
+                 + Int64(tile)) * events + event  # fmt: skip
         stamp_if(Int64(address) + index * 16, ok)
+
+    return stamp
+
+
+def traced_class(base: type, address: int, ctas: int) -> tuple[type, Any]:
+    """``base`` (the register kernel) with ``_scores`` and ``_values`` stamped into the buffer
+    at ``address`` for its first ``ctas`` CTAs, and the stand-in for the module's
+    ``running_max`` that stamps around the row max (installed by ``trace_regs``)."""
+    from tokenspeed.mla.cute_decode import running_max
+
+    stamp_tile = stamper(address, ctas, MAX_TILES, EVENTS)
+
+    def stamp(state: Any, event: int) -> None:
+        stamp_tile(state.count // 2, event)  # group g's i-th tile is the split's 2 i + g
 
     # the tile's slot state, for the row max's stamps (the DSL traces the body once, in order)
     current: dict[str, Any] = {}

@@ -124,6 +124,23 @@ def test_values_halves_hold_the_transposed_cache():
     assert (seen == 1).all()
 
 
+def test_hoisted_offsets_equal_slot_offset():
+    """The kernels address runs by ``score_offset`` / ``value_offset`` (few live bases plus
+    constants); they must name the same bytes as ``slot_offset`` of the runs' token and dim."""
+    for w in range(WARPS):
+        for lane in range(LANES):
+            for g in range(9):
+                t0, t1, d0 = lay.score_load(w, lane, g)
+                assert lay.score_offset(w, lane, g, 0) == lay.slot_offset(t0, d0)
+                assert lay.score_offset(w, lane, g, 1) == lay.slot_offset(t1, d0)
+            for c in range(4):
+                for half in (0, 1):
+                    tokens, d0 = lay.value_load_half(w, lane, c, half)
+                    for s in range(4):
+                        want = lay.slot_offset(tokens[s], d0)
+                        assert lay.value_offset(w, lane, c, s, half) == want
+
+
 def _bank_ways(addresses: list[int]) -> int:
     """Wavefronts one 16-byte-per-lane shared load of 8 lanes needs beyond the first + 1."""
     chunks: dict[int, set[int]] = {}
