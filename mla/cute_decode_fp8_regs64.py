@@ -21,10 +21,9 @@ tile ``t`` waits for tile ``t - 1``'s publication before its softmax (its scores
 before that wait, overlap the other group's softmax), and keeps each row's max while no score
 passes it by more than ``max_slack`` (one ``bar.red.or`` vote, as in the 32-row kernel); only
 then are the maxima exchanged and the outputs of both groups rescaled. With ``early_max``
-(a plan key, off by default until timed) the max, factors and flag are published on their own barrier before the
-tile's exponentials and ``p^T``, so the next scorer's softmax need not wait for those. A
-group runs, per tile
-of its own: scores(t), [wait for t - 1], softmax(t) and publish, values(t - 1), values(t), so
+(a plan key, off by default until timed) the max, factors and flag are published on their
+own barrier before the tile's exponentials and ``p^T``, so the next scorer's softmax need not
+wait for those. A group runs, per tile of its own: scores(t), [wait for t - 1], softmax(t) and publish, values(t - 1), values(t), so
 each group issues 34 wgmmas per tile and the chain between the groups is one softmax long.
 Named barrier ``_FREE + g`` tells group ``g`` that the other group has finished reading its
 previous ``p^T`` and factors before it overwrites them. A slot is emptied by all eight

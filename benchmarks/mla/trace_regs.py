@@ -166,13 +166,33 @@ def summarise(trace: torch.Tensor) -> dict[str, Any]:
     return out
 
 
-def trace_regs(heads: int, fp8: str, config: dict[str, Any] | None, ctas: int) -> dict[str, Any]:
-    """One traced launch of the FP8 register decode at ``heads`` heads, summarised."""
-    global _TRACE
+def launch_traced(heads: int, fp8: str, config: dict[str, Any], trace: torch.Tensor,
+                  install: Any) -> torch.Tensor:  # fmt: skip
+    """The stamps of one decode at ``heads`` heads (the sweep's batch and length) with every
+    kernel built passed through ``install`` (``timeline_decode.decode_kernels_as``): launched
+    twice, to compile and then on a warm machine, the second launch's ``trace`` on the CPU."""
     from sweep_decode import BATCH, KV_LEN, SCALE, _inputs
     from timeline_decode import decode_kernels_as
 
     from tokenspeed.mla import cute_decode
+
+    with decode_kernels_as(install):
+        x = _inputs(heads, 1, fp8=fp8)
+        out = torch.empty(BATCH, 1, heads, 512, dtype=torch.bfloat16, device="cuda")
+        for _ in range(2):
+            trace.zero_()
+            cute_decode.mla_decode(x["q"], x["cache"], x["tables"], x["seq"], SCALE, out=out,
+                                   kv_scale=x["scale"], max_seq_len=KV_LEN, config=config)  # fmt: skip
+            torch.cuda.synchronize()
+    stamps = trace.cpu()
+    if not bool((stamps > 0).any()):
+        raise SystemExit(f"{heads} heads: no stamps written")
+    return stamps
+
+
+def trace_regs(heads: int, fp8: str, config: dict[str, Any] | None, ctas: int) -> dict[str, Any]:
+    """One traced launch of the FP8 register decode at ``heads`` heads, summarised."""
+    global _TRACE
     from tokenspeed.mla import cute_decode_fp8_regs as regs
 
     _TRACE = torch.zeros(ctas, 2, WARPS, MAX_TILES, EVENTS, 2, dtype=torch.int64, device="cuda")
@@ -186,25 +206,17 @@ def trace_regs(heads: int, fp8: str, config: dict[str, Any] | None, ctas: int) -
     config = {"layout": "regs", **(config or {})}
     shipped_max = regs.running_max
     try:
-        with decode_kernels_as(traced):
-            x = _inputs(heads, 1, fp8=fp8)
-            out = torch.empty(BATCH, 1, heads, 512, dtype=torch.bfloat16, device="cuda")
-            for _ in range(2):  # compile, then the traced launch on a warm machine
-                _TRACE.zero_()
-                cute_decode.mla_decode(x["q"], x["cache"], x["tables"], x["seq"], SCALE, out=out,
-                                       kv_scale=x["scale"], max_seq_len=KV_LEN, config=config)  # fmt: skip
-                torch.cuda.synchronize()
-            trace = _TRACE.cpu()
+        trace = launch_traced(heads, fp8, config, _TRACE, traced)
     finally:
         regs.running_max = shipped_max
-    if not bool((trace > 0).any()):
-        raise SystemExit(f"{heads} heads: no stamps written")
     return {"heads": heads, "fp8": fp8, "config": config, **summarise(trace)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--heads", default="16,32")
+def trace_cli(argv: list[str] | None, doc: str, heads: str, trace_one: Any) -> int:
+    """A tracer's command line: ``trace_one(heads, fp8, config, ctas)`` per ``--heads``
+    entry, each row printed as it comes and all of them written to ``--out``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--heads", default=heads)
     parser.add_argument("--fp8", default="token", choices=("token", "tensor"))
     parser.add_argument("--config", type=json.loads, default=None, help="plan keys, as JSON")
     parser.add_argument("--ctas", type=int, default=4, help="CTAs traced (the first ones)")
@@ -215,13 +227,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.path.insert(0, str(Path(__file__).parent))
     rows = []
-    for heads in (int(h) for h in args.heads.split(",")):
-        row = trace_regs(heads, args.fp8, args.config, args.ctas)
+    for h in (int(h) for h in args.heads.split(",")):
+        row = trace_one(h, args.fp8, args.config, args.ctas)
         print(json.dumps(row), flush=True)
         rows.append(row)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Trace the 16/32-row kernel (16 and 32 heads unless told)."""
+    return trace_cli(argv, __doc__, "16,32", trace_regs)
 
 
 if __name__ == "__main__":

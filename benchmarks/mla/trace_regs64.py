@@ -21,8 +21,6 @@ tile (the other group's tile first in its loop, then its own). Per own tile ``u`
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -34,7 +32,6 @@ MAX_TILES = 128  # of the split, both groups' (stamped by tile number)
 SCORES_IN, SCORES_OUT, SOFTMAX_IN, SOFTMAX_OUT, VALUES_IN, VALUES_OUT = range(6)
 EVENTS = 6
 WARPS = 4
-_TRACE: torch.Tensor | None = None
 
 
 def traced_class(base: type, address: int, ctas: int) -> type:
@@ -44,30 +41,24 @@ def traced_class(base: type, address: int, ctas: int) -> type:
 
     stamp = stamper(address, ctas, MAX_TILES, EVENTS)
 
-    class Traced(base):  # type: ignore[misc, valid-type]
-        def _scores(self, *args: Any) -> Any:
-            state = args[-1]
-            stamp(state.count, SCORES_IN)
-            result = super()._scores(*args)
-            stamp(state.count, SCORES_OUT)
+    def stamped(name: str, begin: int, end: int) -> Any:
+        """``base``'s method ``name`` between two stamps, at the tile of its last argument
+        (the slot state)."""
+
+        def method(self: Any, *args: Any) -> Any:
+            stamp(args[-1].count, begin)
+            result = getattr(super(traced, self), name)(*args)
+            stamp(args[-1].count, end)
             return result
 
-        def _softmax(self, *args: Any) -> Any:
-            state = args[-1]
-            stamp(state.count, SOFTMAX_IN)
-            result = super()._softmax(*args)
-            stamp(state.count, SOFTMAX_OUT)
-            return result
+        return method
 
-        def _values_half(self, *args: Any) -> Any:
-            state = args[-1]
-            stamp(state.count, VALUES_IN)
-            result = super()._values_half(*args)
-            stamp(state.count, VALUES_OUT)
-            return result
-
-    Traced.__name__ = f"Traced{base.__name__}"
-    return Traced
+    traced = type(f"Traced{base.__name__}", (base,), {
+        "_scores": stamped("_scores", SCORES_IN, SCORES_OUT),
+        "_softmax": stamped("_softmax", SOFTMAX_IN, SOFTMAX_OUT),
+        "_values_half": stamped("_values_half", VALUES_IN, VALUES_OUT),
+    })  # fmt: skip
+    return traced
 
 
 def summarise(trace: torch.Tensor) -> dict[str, Any]:
@@ -108,55 +99,27 @@ def summarise(trace: torch.Tensor) -> dict[str, Any]:
 
 def trace_regs64(heads: int, fp8: str, config: dict[str, Any] | None, ctas: int) -> dict[str, Any]:
     """One traced launch of the 64-row FP8 register decode at ``heads`` heads, summarised."""
-    global _TRACE
-    from sweep_decode import BATCH, KV_LEN, SCALE, _inputs
-    from timeline_decode import decode_kernels_as
+    from trace_regs import launch_traced
 
-    from tokenspeed.mla import cute_decode
-
-    _TRACE = torch.zeros(ctas, 2, WARPS, MAX_TILES, EVENTS, 2, dtype=torch.int64, device="cuda")
+    buffer = torch.zeros(ctas, 2, WARPS, MAX_TILES, EVENTS, 2, dtype=torch.int64, device="cuda")
 
     def traced(kernel: Any, spec: dict[str, Any]) -> Any:
         if spec["layout"] != "regs" or spec["rows"] != 64 or not spec["fp8"]:
             raise SystemExit("traces the 64-row FP8 register kernel only")
-        kernel.__class__ = traced_class(type(kernel), _TRACE.data_ptr(), ctas)
+        kernel.__class__ = traced_class(type(kernel), buffer.data_ptr(), ctas)
         return kernel
 
     config = {"layout": "regs", "rows": 64, **(config or {})}
-    with decode_kernels_as(traced):
-        x = _inputs(heads, 1, fp8=fp8)
-        out = torch.empty(BATCH, 1, heads, 512, dtype=torch.bfloat16, device="cuda")
-        for _ in range(2):  # compile, then the traced launch on a warm machine
-            _TRACE.zero_()
-            cute_decode.mla_decode(x["q"], x["cache"], x["tables"], x["seq"], SCALE, out=out,
-                                   kv_scale=x["scale"], max_seq_len=KV_LEN, config=config)  # fmt: skip
-            torch.cuda.synchronize()
-        trace = _TRACE.cpu()
-    if not bool((trace > 0).any()):
-        raise SystemExit(f"{heads} heads: no stamps written")
+    trace = launch_traced(heads, fp8, config, buffer, traced)
     return {"heads": heads, "fp8": fp8, "config": config, **summarise(trace)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--heads", default="128")
-    parser.add_argument("--fp8", default="token", choices=("token", "tensor"))
-    parser.add_argument("--config", type=json.loads, default=None, help="plan keys, as JSON")
-    parser.add_argument("--ctas", type=int, default=4, help="CTAs traced (the first ones)")
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA device", file=sys.stderr)
-        return 2
+    """Trace the 64-row kernel (128 heads unless told); the CLI is ``trace_regs``'s."""
     sys.path.insert(0, str(Path(__file__).parent))
-    rows = []
-    for heads in (int(h) for h in args.heads.split(",")):
-        row = trace_regs64(heads, args.fp8, args.config, args.ctas)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=1) + "\n")
-    return 0
+    from trace_regs import trace_cli
+
+    return trace_cli(argv, __doc__, "128", trace_regs64)
 
 
 if __name__ == "__main__":
