@@ -229,15 +229,15 @@ def cute_decode_plan(
     FP8 slots widened by two consumer warp groups straight into their wgmma operands (H200:
     94 / 127 us at 16 / 32 heads against 119 / 141 us for the tokens layout). The tokens layout
     (``cute_decode_fp8.py``) stays on request: ``stages`` 16-bit tiles fed by ``fp8_stages``
-    FP8 slots, converted by ``converter_wgs`` warp groups. 33 to 64 rows take the
-    pairs layout (``cute_seesaw_pairs_fp8.py``) in blocks of 64, each reading the cache once:
-    one pair of 32-token bf16 stages fed by ``fp8_stages`` 32-token FP8 slots, widened by the
-    producer warp group's threads with ``widener_regs`` registers each (H200: 222 / 428 us at
-    64 / 128 heads against 298 / 586 us for blocks of 32 rows on the tokens layout, which
-    stays reachable with ``layout="tokens"``). More rows take the register layout in blocks
-    of 64 (``rows=64``, ``cute_decode_fp8_regs64.py``: the groups score tiles in turns and
-    split each tile's values by output dims; H100: 372 us at 128 heads against 394 for
-    pairs, 219 against 203 at 64 heads, where pairs stays the default). The tokens layout's
+    FP8 slots, converted by ``converter_wgs`` warp groups. More than 32 rows take the
+    register layout in blocks of 64, each reading the cache once (``rows=64``,
+    ``cute_decode_fp8_regs64.py``: the groups score tiles in turns and split each tile's
+    values by output dims; H100: 181 / 339 us at 64 / 128 heads against 199 / 394 us for the
+    pairs layout, 0.86-0.92x at 48 to 128 rows). The pairs layout
+    (``cute_seesaw_pairs_fp8.py``, on request) widens one pair of 32-token bf16 stages from
+    ``fp8_stages`` 32-token FP8 slots in the producer warp group's threads, with
+    ``widener_regs`` registers each (H200: 222 / 428 us at 64 / 128 heads against 298 / 586
+    us for blocks of 32 rows on the tokens layout, ``layout="tokens"``). The tokens layout's
     default ring, 2 + 1 with two converter groups, was the fastest of five on the H200
     (2026-12-02, docs/mla.md), e.g. 139-145 us at 16 heads against 184-199 us for one converter group and 157-160 us for one
     bf16 tile fed by two or three FP8 slots; with the exact widening of the same day, 142.4
@@ -246,15 +246,14 @@ def cute_decode_plan(
     cfg = dict(config or {})
     rows_per_req = q_len * heads
     if fp8:
-        # more than 32 rows: one CTA per 64 rows, each reading the cache once (the pairs
-        # kernel was 1.33-1.36x faster at 64 and 128 heads than blocks of 32 rows that each
-        # read it, H200, docs/mla.md)
-        if "layout" not in cfg and rows_per_req > 64:
-            # two or more blocks of 64 rows: the 64-row register kernel (cute_decode_fp8_regs64
-            # .py), x0.942 the pairs kernel's time at 128 heads (H100, interleaved replays,
-            # thirty-third session); at 64 heads (one block) x1.083, so that stays on pairs
+        # more than 32 rows: one CTA per 64 rows, each reading the cache once (1.33-1.36x
+        # faster at 64 and 128 heads than blocks of 32 rows that each read it, H200)
+        if "layout" not in cfg and rows_per_req > 32:
+            # blocks of 64 rows on the 64-row register kernel (cute_decode_fp8_regs64.py):
+            # with its loads addressed from few bases, x0.912 the pairs kernel's time at 64
+            # heads and x0.86 at 128 (H100, interleaved replays, thirty-sixth session)
             cfg = {"layout": "regs", "rows": 64, **cfg}
-        fp8_layout = cfg.get("layout", "pairs" if rows_per_req > 32 else "regs")
+        fp8_layout = cfg.get("layout", "regs")
         if fp8_layout == "pairs":
             # a 16-bit ring of one pair of 32-token tiles fed by two 32-token FP8 slots; the
             # producer warp group widens with 72 registers a thread (the consumers keep 216),
@@ -278,7 +277,7 @@ def cute_decode_plan(
             # 0.87x the tokens kernel's time at 16 / 32 heads with per-token scales, 0.75x /
             # 0.86x per-tensor (H200); five slots at 16 rows: x1.007, three: x1.043. 64 rows
             # (cute_decode_fp8_regs64.py: the groups take turns scoring and share every
-            # tile's values by output dims; three slots fit), the default above 64 rows
+            # tile's values by output dims; three slots fit), the default above 32 rows
             if int(cfg.get("rows", 32)) not in (16, 32, 64):
                 raise ValueError(
                     f"rows={cfg['rows']}: the FP8 register decode takes 16, 32 or 64 per CTA"

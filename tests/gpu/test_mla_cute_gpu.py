@@ -344,7 +344,7 @@ def test_fp8_registry_picks_it_at_any_head_count():
     out = M.mla_decode(q, cache8, tables, seq, SCALE, kv_scale=scale)
     exp, _ = _expected_fp8(q, cache8, scale, tables, seq)
     torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
-    q64, *_ = _problem([2000, 1500], 64, 1, 64, seed=13)  # 64 rows: the pairs kernel's block
+    q64, *_ = _problem([2000, 1500], 64, 1, 64, seed=13)  # 64 rows: the register kernel's block
     plan = M.mla_decode_plan(q64, cache8, tables)
     assert (plan.kernel, plan.block_h) == ("cute_mla_decode_fp8_sm90", 64)
     out = M.mla_decode(q64, cache8, tables, seq, SCALE, kv_scale=scale)
@@ -356,7 +356,7 @@ def test_fp8_registry_picks_it_at_any_head_count():
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("heads,q_len", [(64, 1), (32, 2), (128, 1), (24, 3)])
 def test_fp8_cache_more_than_32_rows(heads, q_len, per_token, layout):
-    """The plan's blocks of 64 rows (the pairs kernel), or blocks of 32 rows of the tokens
+    """The plan's blocks of 64 rows (the 64-row register kernel), or blocks of 32 rows of the tokens
     or register kernel, each CTA reading the cache for its own block."""
     lens = [700, 0, q_len, 300]
     q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads * q_len)

@@ -268,8 +268,11 @@ def test_cute_fp8_pairs_plan():
     """33 to 64 rows over an FP8 cache: 64 rows a CTA, one pair of 32-token bf16 stages
     behind two 32-token FP8 slots (query 72 + 2 x 36 + P 8 + 2 x 18 KiB = 188 KiB; four slots
     fill 224), rope dims released with the hi half, O rescaled lazily, 72 registers a
-    widening thread. More rows: blocks of 64 on the register kernel, pairs on request."""
-    plan = configs.cute_decode_plan(128, 1, 64, 4096, 64, fp8=True)
+    widening thread, on request; by default more than 32 rows take blocks of 64 on the
+    register kernel."""
+    default = configs.cute_decode_plan(128, 1, 64, 4096, 64, fp8=True)
+    assert (default["layout"], default["rows"], default["row_blocks"]) == ("regs", 64, 1)
+    plan = configs.cute_decode_plan(128, 1, 64, 4096, 64, fp8=True, config={"layout": "pairs"})
     assert (plan["layout"], plan["rows"], plan["row_blocks"], plan["tile"]) == ("pairs", 64, 1, 32)
     wide = configs.cute_decode_plan(128, 1, 128, 4096, 64, fp8=True)
     assert (wide["layout"], wide["rows"], wide["row_blocks"], wide["max_slack"]) == (
@@ -281,18 +284,24 @@ def test_cute_fp8_pairs_plan():
     assert (plan["rope_early"], plan["lazy_rescale"], plan["page_prefetch"]) == (0, 1, 0)
     assert plan["widener_regs"] == 72 and plan["converter_wgs"] == 1
     assert plan["mma_dtype"] == "f16"
-    bf16 = configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={"mma_dtype": "bf16"})
+    pairs = {"layout": "pairs"}
+    bf16 = configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True,
+                                    config={**pairs, "mma_dtype": "bf16"})  # fmt: skip
     assert (bf16["layout"], bf16["mma_dtype"]) == ("pairs", "bf16")
+    with pytest.raises(ValueError, match="multiplies in f16"):  # the register kernel's default
+        configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={"mma_dtype": "bf16"})
     with pytest.raises(ValueError, match="'bf16' or 'f16'"):
-        configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={"mma_dtype": "fp8"})
+        configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={**pairs, "mma_dtype": "fp8"})
     tokens = configs.cute_decode_plan(128, 1, 32, 4096, 64, fp8=True, config={"layout": "tokens"})
     assert (tokens["layout"], tokens["mma_dtype"]) == ("tokens", "f16")
     with pytest.raises(ValueError, match="'bf16' or 'f16'"):
         configs.cute_decode_plan(8, 1, 16, 4096, 64, fp8=True,
                                  config={"layout": "tokens", "mma_dtype": "f32"})  # fmt: skip
-    mtp = configs.cute_decode_plan(8, 3, 16, 4096, 16, fp8=True)  # 48 rows: one block
+    mtp = configs.cute_decode_plan(8, 3, 16, 4096, 16, fp8=True)  # 48 rows: one padded block
+    assert (mtp["layout"], mtp["rows"], mtp["row_blocks"], mtp["page_block"]) == (
+        "regs", 64, 1, 16)  # fmt: skip
+    mtp = configs.cute_decode_plan(8, 3, 16, 4096, 16, fp8=True, config=pairs)
     assert (mtp["layout"], mtp["row_blocks"], mtp["page_block"]) == ("pairs", 1, 16)
-    pairs = {"layout": "pairs"}
     deep = configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={**pairs, "fp8_stages": 4})
     assert deep["fp8_stages"] == 4
     with pytest.raises(ValueError, match="shared memory"):  # a fifth slot: 242 KiB
@@ -419,5 +428,5 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     assert (fp8_pairs.widener_regs, fp8_pairs.consumer_regs) == (72, 216)
     assert fp8_pairs.mma_dtype is cutlass.Float16
     bf16_plan = configs.cute_decode_plan(128, 1, 64, 4096, 64, fp8=True,
-                                         config={"mma_dtype": "bf16"})  # fmt: skip
+                                         config={"layout": "pairs", "mma_dtype": "bf16"})  # fmt: skip
     assert build(bf16_plan, fp8=True).mma_dtype is cutlass.BFloat16
