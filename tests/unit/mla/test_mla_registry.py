@@ -265,7 +265,7 @@ def test_cute_fp8_decode_plan_rings_and_limits():
 
 
 def test_cute_fp8_pairs_plan():
-    """33 to 64 rows over an FP8 cache: 64 rows a CTA, one pair of 32-token bf16 stages
+    """The FP8 pairs kernel: 64 rows a CTA, one pair of 32-token bf16 stages
     behind two 32-token FP8 slots (query 72 + 2 x 36 + P 8 + 2 x 18 KiB = 188 KiB; four slots
     fill 224), rope dims released with the hi half, O rescaled lazily, 72 registers a
     widening thread, on request; by default more than 32 rows take blocks of 64 on the
