@@ -382,10 +382,6 @@ def cute_decode_plan(
         # rescale are skipped; 0: both on every tile. 4: x0.979 / x0.966 the time of 0 at 16 /
         # 32 heads (H100, interleaved replays, thirty-third session; 8 read the same)
         "max_slack": int(cfg.get("max_slack", 4)) if layout == "regs" and fp8 else 0,
-        # 1: the 64-row FP8 register kernel publishes each tile's max, factors and flag before
-        # its p^T (the next scorer needs only those). Passes the GPU tests (H100, thirty-fourth
-        # session) but is not yet timed, so the measured single publication after p^T stays
-        "early_max": int(cfg.get("early_max", 0)) if layout == "regs" and rows == 64 else 0,
         "stages": stages,
         # KV tiles loaded with the L2 evict-first hint (cute_decode.KvRingProducer): 0.3-2.5 %
         # faster at 11 of 12 shapes over two H200 runs (docs/mla.md); 0 turns it off

@@ -751,7 +751,7 @@ def decode_kernel(spec: dict[str, Any]) -> Any:
 
         kernel: Any = MlaDecodeFp8Regs64Sm90(
             spec["page_block"], spec["fp8_stages"], spec["split"], spec["write_lse"],
-            spec["per_token"], spec["ablation"], spec["max_slack"], bool(spec["early_max"]),
+            spec["per_token"], spec["ablation"], spec["max_slack"],
         )  # fmt: skip
     elif spec["fp8"] and spec["layout"] == "regs":
         from .cute_decode_fp8_regs import MlaDecodeFp8RegsSm90
@@ -816,7 +816,6 @@ def _kernel_spec(
         "rope_early": bool(plan["rope_early"]),
         "persistent": bool(plan["persistent"]), "widener_regs": plan["widener_regs"],
         "mma_dtype": plan["mma_dtype"], "max_slack": plan["max_slack"],
-        "early_max": plan["early_max"],
     }  # fmt: skip
 
 

@@ -139,7 +139,6 @@ def variants(
         rings["regs64"] = regs64
         rings["regs64 slack0"] = {**regs64, "max_slack": 0}
         rings["regs64 slack8"] = {**regs64, "max_slack": 8}
-        rings["regs64 early_max"] = {**regs64, "early_max": 1}  # max published before p^T
         rings["regs64 2 slots"] = {**regs64, "fp8_stages": 2}
         rings["regs64 ablation l2_loads"] = {**regs64, "ablation": "l2_loads"}
         for ring, cfg in rings.items():

@@ -14,9 +14,9 @@ its own work; this answers it per phase.
 each consumer warp, first ``--ctas`` CTAs), indexed by the split's tile: a group stamps
 ``scores_in/out`` and ``softmax_in/out`` on the tiles it scores, ``values_in/out`` on every
 tile (the other group's tile first in its loop, then its own). Per own tile ``u`` of a group:
-``scores``, ``wait`` (scores done to softmax start: the other group's publication of ``u -
-1`` and the buffers' release), ``softmax`` (to its publication), ``values_other`` (tile ``u
-- 1``), ``values_own`` and ``period`` (to the scores of ``u + 2``).
+``scores``, ``wait`` (scores done to the other group's tile's values: the scale and mask, and
+the other group's publication of ``u - 1``), ``values_other`` (tile ``u - 1``), ``softmax``
+(to its publication), ``values_own`` and ``period`` (to the scores of ``u + 2``).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def summarise(trace: torch.Tensor) -> dict[str, Any]:
                 c, t = clock[cta, group, 0][seen], ns[cta, group, 0][seen]
                 ghz.append(float((c.max() - c.min()) / (t.max() - t.min())))
     out: dict[str, Any] = {"sm_ghz": round(statistics.median(ghz), 3) if ghz else None}
-    names = ("scores", "wait", "softmax", "values_other", "values_own", "period")
+    names = ("scores", "wait", "values_other", "softmax", "values_own", "period")
     for group in range(2):
         phases: dict[str, list[float]] = {k: [] for k in names}
         for cta in range(trace.shape[0]):
@@ -84,7 +84,7 @@ def summarise(trace: torch.Tensor) -> dict[str, Any]:
                 if u + 2 >= MAX_TILES or t[u + 2, SCORES_IN] <= 0 or t[u - 1, VALUES_IN] <= 0:
                     continue
                 phases["scores"].append(float(t[u, SCORES_OUT] - t[u, SCORES_IN]))
-                phases["wait"].append(float(t[u, SOFTMAX_IN] - t[u, SCORES_OUT]))
+                phases["wait"].append(float(t[u - 1, VALUES_IN] - t[u, SCORES_OUT]))
                 phases["softmax"].append(float(t[u, SOFTMAX_OUT] - t[u, SOFTMAX_IN]))
                 phases["values_other"].append(float(t[u - 1, VALUES_OUT] - t[u - 1, VALUES_IN]))
                 phases["values_own"].append(float(t[u, VALUES_OUT] - t[u, VALUES_IN]))

@@ -372,20 +372,18 @@ def test_fp8_cache_more_than_32_rows(heads, q_len, per_token, layout):
 REGS64 = {"layout": "regs", "rows": 64}
 
 
-@pytest.mark.parametrize("early_max", [0, 1])
 @pytest.mark.parametrize("slack", [0, 4])
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("heads,q_len", [(64, 1), (128, 1), (32, 2), (16, 3), (24, 3)])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_fp8_regs64_ragged(heads, q_len, splits, per_token, slack, early_max):
+def test_fp8_regs64_ragged(heads, q_len, splits, per_token, slack):
     """Odd and even tile counts (the last tile scored by either group), one request shorter
-    than a tile, an empty one, causal query blocks, rows past the request in the block; the
-    max published before ``p^T`` or with it."""
+    than a tile, an empty one, causal query blocks, rows past the request in the block."""
     lens = [1000, 64, q_len, 777, 0, q_len + 63, 31, 129]
     q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=5 * heads + q_len + splits)
     cache8, scale = _fp8(cache, per_token)
     out, lse = _run(q, cache8, tables, seq, num_splits=splits, kv_scale=scale,
-                    config={**REGS64, "max_slack": slack, "early_max": early_max})  # fmt: skip
+                    config={**REGS64, "max_slack": slack})  # fmt: skip
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 

@@ -216,12 +216,6 @@ def test_cute_fp8_decode_plan_rings_and_limits():
     # 64 rows on request: three slots (query 72 + 2 x 8 + 3 x 40 KiB), a fourth does not fit
     r64 = configs.cute_decode_plan(128, 1, 128, 4096, 64, fp8=True, config={**regs, "rows": 64})
     assert (r64["rows"], r64["row_blocks"], r64["fp8_stages"], r64["max_slack"]) == (64, 2, 3, 4)
-    assert r64["early_max"] == 0  # built and tested, not yet timed: off by default
-    early = {**regs, "early_max": 1}
-    assert configs.cute_decode_plan(128, 1, 128, 4096, 64, fp8=True,
-                                    config={**early, "rows": 64})["early_max"] == 1  # fmt: skip
-    regs32 = configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True, config=early)
-    assert regs32["early_max"] == 0  # only the 64-row kernel has it
     with pytest.raises(ValueError, match="shared memory"):
         configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True,
                                  config={**regs, "rows": 64, "fp8_stages": 4})  # fmt: skip
@@ -410,10 +404,6 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     regs64 = build(plan64, fp8=True)
     assert isinstance(regs64, MlaDecodeFp8Regs64Sm90)
     assert (regs64.rows, regs64.fp8_stages, regs64.slot_readers, regs64.max_slack) == (64, 3, 8, 4)
-    early = build(configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True,
-                                           config={"layout": "regs", "rows": 64, "early_max": 1}),
-                  fp8=True)  # fmt: skip
-    assert early.early_max and not regs64.early_max
     with pytest.raises(ValueError, match="3 FP8 slots"):
         MlaDecodeFp8Regs64Sm90(64, 4, False, True, True)
     # setmaxnreg moves registers within the launch's 168 x 384: 2 x 240 + 24 = 3 x 168

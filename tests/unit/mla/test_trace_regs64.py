@@ -19,8 +19,9 @@ def tracer(load_script):
 
 def _trace(tracer, tiles: int) -> torch.Tensor:
     """Both groups of one CTA, warp 0, on a 1 GHz clock. Group g scores tiles g, g + 2, ...
-    every 5 000 cycles (1 000 of scores, 800 waiting, 600 of softmax), then multiplies the
-    other group's tile before (700) and its own (900); tile 6's wait is 9 000 (an outlier)."""
+    every 5 000 cycles (1 000 of scores, 800 waiting), multiplies the other group's tile
+    before its softmax (700), then runs the softmax (600) and its own tile's values (900);
+    tile 6's wait is 9 000 (an outlier)."""
     t = torch.zeros(1, 2, tracer.WARPS, tracer.MAX_TILES, tracer.EVENTS, 2, dtype=torch.int64)
 
     def at(group: int, tile: int, event: int, cycle: int) -> None:
@@ -32,13 +33,13 @@ def _trace(tracer, tiles: int) -> torch.Tensor:
         wait = 9_000 if u == 6 else 800
         at(g, u, tracer.SCORES_IN, start)
         at(g, u, tracer.SCORES_OUT, start + 1_000)
-        at(g, u, tracer.SOFTMAX_IN, start + 1_000 + wait)
-        at(g, u, tracer.SOFTMAX_OUT, start + 1_600 + wait)
         if u >= 1:  # the other group's tile u - 1, multiplied by this group
-            at(g, u - 1, tracer.VALUES_IN, start + 2_000)
-            at(g, u - 1, tracer.VALUES_OUT, start + 2_700)
-        at(g, u, tracer.VALUES_IN, start + 3_000)
-        at(g, u, tracer.VALUES_OUT, start + 3_900)
+            at(g, u - 1, tracer.VALUES_IN, start + 1_000 + wait)
+            at(g, u - 1, tracer.VALUES_OUT, start + 1_700 + wait)
+        at(g, u, tracer.SOFTMAX_IN, start + 1_800 + wait)
+        at(g, u, tracer.SOFTMAX_OUT, start + 2_400 + wait)
+        at(g, u, tracer.VALUES_IN, start + 2_500 + wait)
+        at(g, u, tracer.VALUES_OUT, start + 3_400 + wait)
     return t
 
 
