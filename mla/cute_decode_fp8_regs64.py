@@ -21,11 +21,10 @@ tile ``t`` waits for tile ``t - 1``'s publication before its softmax (its scores
 before that wait, overlap the other group's softmax), and keeps each row's max while no score
 passes it by more than ``max_slack`` (one ``bar.red.or`` vote, as in the 32-row kernel); only
 then are the maxima exchanged and the outputs of both groups rescaled. A group runs, per
-tile of its own:
-scores(t), [wait for t - 1], values(t - 1), softmax(t) and publish, values(t). Multiplying the
-other group's tile before its own softmax frees that tile's slot a softmax earlier: with three
-slots the loads have little lead, and this order was 4.5 % faster than values(t - 1) after the
-softmax (H100, from HBM; the same from L2). It also makes the buffers safe without a barrier
+tile of its own: scores(t), [wait for t - 1], values(t - 1), softmax(t) and publish,
+values(t). Multiplying the other group's tile before its own softmax frees that tile's slot
+a softmax earlier: with three slots the loads have little lead, and this order was 4.5 %
+faster than values(t - 1) after the softmax (H100, from HBM; the same from L2). It also makes the buffers safe without a barrier
 of their own: the other group reads this group's ``p^T`` and factors of tile ``t - 2`` before
 it publishes ``t - 1``, which this group waits for before writing tile ``t``'s. Each group
 issues 34 wgmmas per tile. A slot is emptied by all eight consumer warps (each reads the
@@ -41,8 +40,9 @@ each when fed this way, ~160-190 us of tensor work at 128 heads against the 247-
 target. First measured on an H100 (batch 128 x 4096, per-token scales): 372 us at 128 heads
 (x0.942 the pairs kernel's time; 334 us with every load an L2 hit) and 219 us at 64 heads
 (x1.083); with no slack (the maxima exchanged every tile) x1.33-1.38 slower, which points
-at the chain between the groups, not the tensor core, as what sets the pace. ptxas spills
-156 bytes. Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; the launch wrapper is
+at the chain between the groups, not the tensor core, as what sets the pace. Since the
+order above (and fewer spills: 100 bytes), 324 us at 128 heads and 172 us at 64 (H100).
+Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; the launch wrapper is
 ``cute_decode.mla_decode`` (plan layout ``"regs"``, ``rows: 64``).
 """
 
