@@ -24,11 +24,11 @@ then are the maxima exchanged and the outputs of both groups rescaled. A group r
 tile of its own: scores(t), [wait for t - 1], values(t - 1), softmax(t) and publish,
 values(t). Multiplying the other group's tile before its own softmax frees that tile's slot
 a softmax earlier: with three slots the loads have little lead, and this order was 4.5 %
-faster than values(t - 1) after the softmax (H100, from HBM; the same from L2). It also makes the buffers safe without a barrier
-of their own: the other group reads this group's ``p^T`` and factors of tile ``t - 2`` before
-it publishes ``t - 1``, which this group waits for before writing tile ``t``'s. Each group
-issues 34 wgmmas per tile. A slot is emptied by all eight consumer warps (each reads the
-values; the scorer also the keys).
+faster than values(t - 1) after the softmax (H100, from HBM; the same from L2). It also
+makes the buffers safe without a barrier of their own: the other group reads this group's
+``p^T`` and factors of tile ``t - 2`` before it publishes ``t - 1``, which this group waits
+for before writing tile ``t``'s. Each group issues 34 wgmmas per tile. A slot is emptied by
+all eight consumer warps (each reads the values; the scorer also the keys).
 
 Shared memory: the query (72 KiB), two ``p^T`` (16 KiB) and three FP8 slots (120 KiB, a
 fourth does not fit). At the end each group normalises its own dims by both groups' row
@@ -220,8 +220,8 @@ class MlaDecodeFp8Regs64Sm90(MlaDecodeFp8RegsSm90):
         factors go to shared memory. ``p^T`` (times the token's scale, in f16) is written
         for both groups' values, this group's row sums grow, and ``_READY + wg`` is
         arrived at once all of it is in place (the other group multiplies the tile's values
-        next, so it needs ``p^T`` as soon as the max). ``state`` is the
-        tile's slot state, unused here: ``benchmarks/mla/trace_regs64.py`` stamps by it."""
+        next, so it needs ``p^T`` as soon as the max). ``state`` is the tile's slot state,
+        unused here: ``benchmarks/mla/trace_regs64.py`` stamps by it."""
         slots = self.rows // 4
         m_i = cute.make_rmem_tensor((slots,), Float32)
         tile_max = self._tile_max(acc_s)
