@@ -347,16 +347,20 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
         cpt = self.copies_per_tile
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                              self.fp8_stages)  # fmt: skip
+        boxes = cute.make_rmem_tensor((cpt,), Int32)
         for tile in cutlass.range(n_tiles, unroll=1):
+            if cutlass.const_expr(self.page_prefetch):  # the table read under the slot wait
+                for c in cutlass.range_constexpr(cpt):
+                    boxes[c] = self._page_box(m_bt, b, start + tile * TILE + c * self.page_block,
+                                              end, page_size)  # fmt: skip
             fp8_pipe.producer_acquire(state)
             barrier = fp8_pipe.producer_get_barrier(state)
             # one block at a time (the loader's warp has 24 registers)
             for c in cutlass.range_constexpr(cpt):
-                box = Int32(0)
                 pos = start + tile * TILE + c * self.page_block
-                if pos < end:
-                    page = m_bt[b, pos // page_size]
-                    box = (page * page_size + pos % page_size) // self.page_block
+                box = boxes[c]
+                if cutlass.const_expr(not self.page_prefetch):
+                    box = self._page_box(m_bt, b, pos, end, page_size)
                 if cutlass.const_expr(self.ablation == "l2_loads"):
                     box = Int32(c)  # benchmark-only: every tile from L2 (see MlaDecodeSm90)
                 # a block wholly past the end points past the cache: TMA zero-fills it
@@ -369,6 +373,16 @@ class MlaDecodeFp8RegsSm90(KvRingProducer):
                     copy_page_scales(scale_atom, m_scale, slot_scale, self.page_block, box, c,
                                      state.index, barrier)  # fmt: skip
             state.advance()
+
+    @cute.jit
+    def _page_box(self, m_bt, b, pos, end, page_size):
+        """The cache's page block holding token ``pos`` of request ``b`` (0 past the split's
+        end, where nothing of the table is read)."""
+        box = Int32(0)
+        if pos < end:
+            page = m_bt[b, pos // page_size]
+            box = (page * page_size + pos % page_size) // self.page_block
+        return box
 
     @cute.jit
     def _query_to_smem(self, m_q, s_q, b, rows_per_req, row0, tidx):

@@ -150,6 +150,12 @@ def test_cute_decode_plan_rows_groups_pages_and_workspace():
     late = configs.cute_decode_plan(8, 1, 32, 4096, 64, config={"page_prefetch": 0})
     assert late["page_prefetch"] == 0
     assert configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True)["page_prefetch"] == 0
+    # the register kernels' loader reads ahead on request; the FP8 ring loaders never do
+    ahead = {"page_prefetch": 1}
+    assert configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config=ahead)["page_prefetch"]
+    tokens8 = configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True,
+                                       config={**ahead, "layout": "tokens"})  # fmt: skip
+    assert tokens8["page_prefetch"] == 0
 
 
 def test_cute_pairs_plan_tile():
