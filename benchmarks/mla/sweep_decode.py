@@ -140,9 +140,9 @@ def variants(
         rings["regs64 slack0"] = {**regs64, "max_slack": 0}
         rings["regs64 slack8"] = {**regs64, "max_slack": 8}
         rings["regs64 2 slots"] = {**regs64, "fp8_stages": 2}
-        # the block-table entries read before the loader's slot wait, not after
-        rings["regs page_prefetch"] = {**regs, "page_prefetch": 1}
-        rings["regs64 page_prefetch"] = {**regs64, "page_prefetch": 1}
+        # the block-table entries read after the loader's slot wait, not before (the default)
+        rings["regs late_pages"] = {**regs, "page_prefetch": 0}
+        rings["regs64 late_pages"] = {**regs64, "page_prefetch": 0}
         rings["regs64 ablation l2_loads"] = {**regs64, "ablation": "l2_loads"}
         for ring, cfg in rings.items():
             out.append((

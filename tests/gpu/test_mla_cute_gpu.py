@@ -411,16 +411,17 @@ def test_fp8_regs64_page_sizes(page):
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
+@pytest.mark.parametrize("prefetch", [1, 0])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("heads,q_len", [(16, 1), (32, 1), (64, 1), (128, 1)])
-def test_fp8_regs_page_prefetch(heads, q_len, page):
+def test_fp8_regs_page_prefetch(heads, q_len, page, prefetch):
     """The register kernels' loader reading each tile's block-table entries before its slot
-    wait: ragged splits whose last tile ends mid-page, a request shorter than a page, an
-    empty one, and shuffled pages."""
+    wait (the default) or after it: ragged splits whose last tile ends mid-page, a request
+    shorter than a page, an empty one, and shuffled pages."""
     lens = [1000, 5, 0, 777, 130]
     q, cache, tables, seq = _problem(lens, heads, q_len, page, seed=heads + page)
     cache8, scale = _fp8(cache, True)
-    config = {"layout": "regs", "page_prefetch": 1, **({"rows": 64} if heads >= 64 else {})}
+    config = {"layout": "regs", "page_prefetch": prefetch, **({"rows": 64} if heads >= 64 else {})}
     out, lse = _run(q, cache8, tables, seq, num_splits=3, kv_scale=scale, config=config)
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 

@@ -144,17 +144,18 @@ def test_cute_decode_plan_rows_groups_pages_and_workspace():
     assert configs.cute_decode_plan(8, 1, 64, 4096, 64)["evict_first"] == 1
     plain = configs.cute_decode_plan(8, 1, 64, 4096, 64, config={"evict_first": 0})
     assert plain["evict_first"] == 0
-    # the producer reads the next tile's block-table entries ahead, unless turned off; the
-    # FP8 loader always reads them just in time
+    # the producer reads the next tile's block-table entries ahead, unless turned off
     assert configs.cute_decode_plan(8, 1, 32, 4096, 64)["page_prefetch"] == 1
     late = configs.cute_decode_plan(8, 1, 32, 4096, 64, config={"page_prefetch": 0})
     assert late["page_prefetch"] == 0
-    assert configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True)["page_prefetch"] == 0
-    # the register kernels' loader reads ahead on request; the FP8 ring loaders never do
-    ahead = {"page_prefetch": 1}
-    assert configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config=ahead)["page_prefetch"]
+    # so do the FP8 register kernels' loaders (16/32 and 64 rows), unless turned off; the
+    # FP8 ring loaders always read them just in time
+    for heads in (16, 32, 64, 128):
+        assert configs.cute_decode_plan(8, 1, heads, 4096, 64, fp8=True)["page_prefetch"] == 1
+    late8 = configs.cute_decode_plan(8, 1, 64, 4096, 64, fp8=True, config={"page_prefetch": 0})
+    assert late8["page_prefetch"] == 0
     tokens8 = configs.cute_decode_plan(8, 1, 32, 4096, 64, fp8=True,
-                                       config={**ahead, "layout": "tokens"})  # fmt: skip
+                                       config={"page_prefetch": 1, "layout": "tokens"})  # fmt: skip
     assert tokens8["page_prefetch"] == 0
 
 
