@@ -8,7 +8,8 @@
 # test its being the plan's choice reaches; "sweep": a trace at 128 heads and every FP8 shape's
 # registry (q_len 1 and 2), then the loaders reading the block table before the slot wait
 # (the default since the thirty-eighth session) against reading it after (late_pages);
-# "short": the loaders' tests, then the same timing; "readings": every FlashMLA shape's registry, FlashInfer beside bf16.
+# "short": the loaders' tests, then the same timing; "readings": every FlashMLA shape's
+# registry, FlashInfer beside bf16 (~540 s).
 source benchmarks/mla/peer_wheels.sh --install
 prefetch_sweeps() {  # the loaders reading the block table after the slot wait, interleave $1
   timeout 100 python3 benchmarks/mla/sweep_decode.py --heads 64,128 --fp8 token --interleave $1 \
