@@ -162,9 +162,9 @@ def _register_cute_decode() -> None:
         traits=dict(_CUTE_DECODE_TRAITS),
         priority=Priority.SPECIALIZED,
         tags=("deterministic",),
-        description="CuTe DSL SM90 MLA decode over an FP8 cache: bulk-copied e4m3 tiles "
-        "widened to bf16 in shared memory, wgmma with KV tokens on M (up to 32 rows) or "
-        "the pairs kernel's 64 rows on M",
+        description="CuTe DSL SM90 MLA decode over an FP8 cache: TMA-copied e4m3 tiles "
+        "widened to f16 in the consumers' registers as wgmma operands, KV tokens on M, in "
+        "blocks of 16, 32 or 64 rows",
     )
 
 

@@ -204,7 +204,16 @@ def plan_decode(
 
 
 CUTE_TILE = 64  # KV tokens per tile of the CuTe decode
-FP8_PAIRS_TILE = 32  # ... and of the FP8 pairs decode, whose ring holds one pair of them
+# The plan keys a caller (a benchmark variant, a test, a tuned config) may set.
+CUTE_DECODE_KEYS = frozenset({
+    "layout", "rows", "wgs", "stages", "fp8_stages", "tile", "lazy_rescale", "rope_early",
+    "evict_first", "page_prefetch", "max_slack", "num_splits", "ablation",
+})  # fmt: skip
+
+
+def _default_rows(rows_per_req: int) -> int:
+    """Rows per CTA: the fewest of 16, 32 and 64 that hold a request's rows (64 above)."""
+    return 16 if rows_per_req <= 16 else 32 if rows_per_req <= 32 else 64
 
 
 def cute_decode_plan(
@@ -213,109 +222,64 @@ def cute_decode_plan(
 ) -> dict[str, int]:  # fmt: skip
     """Launch of the CuTe SM90 decode, from shapes only.
 
-    Three kernels: ``layout="tokens"`` (``cute_decode.py``: KV tokens on the MMA M axis, 16,
-    32 or 64 rows (query token x head pairs) to a CTA, nothing padded), ``layout="pairs"``
-    (``cute_seesaw_pairs.py``: 64 rows on M, each of two warp groups scoring its own tile of a
-    pair) and ``layout="heads"`` (``cute_seesaw.py``: 64 rows on M, the groups taking turns on
-    one tile's softmax). Up to 32 rows per request the tokens layout is faster (padding 16 or
-    32 rows to 64 costs the other two more than their better tensor-core feed wins back);
-    from 64 rows on the pairs layout is: 1.05x the heads layout at 64 heads and 1.21x at 128
-    (H200, 2026-12-02: docs/mla.md). A page of 64+ tokens must hold whole 64-token tiles;
-    one CTA fills an SM (the ring of 72 KiB tiles takes most of its shared memory), which
-    sizes the split count.
+    A bf16 cache takes one of two kernels: ``layout="tokens"`` (``cute_decode.py``: KV tokens
+    on the MMA M axis, 16, 32 or 64 rows (query token x head pairs) to a CTA, nothing padded)
+    up to 32 rows per request, and ``layout="pairs"`` (``cute_seesaw_pairs.py``: 64 rows on M,
+    each of two warp groups scoring its own tile of a pair) from 33 on. Padding 16 or 32 rows
+    to 64 costs the pairs kernel more than its better tensor-core feed wins back; from 64 rows
+    on it is 1.05x / 1.21x faster than a one-tile 64-row seesaw at 64 / 128 heads (H200,
+    2026-12-02: docs/mla.md). A page of 64+ tokens must hold whole 64-token tiles; one CTA
+    fills an SM (the ring of 72 KiB tiles takes most of its shared memory), which sizes the
+    split count.
 
-    An FP8 cache (``fp8``) takes, up to 32 rows per request, the register layout
-    (``layout="regs"``, ``cute_decode_fp8_regs.py``) in blocks of 16 or 32 rows: ``fp8_stages``
-    FP8 slots widened by two consumer warp groups straight into their wgmma operands (H200:
-    94 / 127 us at 16 / 32 heads against 119 / 141 us for the tokens layout). The tokens layout
-    (``cute_decode_fp8.py``) stays on request: ``stages`` 16-bit tiles fed by ``fp8_stages``
-    FP8 slots, converted by ``converter_wgs`` warp groups. More than 32 rows take the
-    register layout in blocks of 64, each reading the cache once (``rows=64``,
-    ``cute_decode_fp8_regs64.py``: the groups score tiles in turns and split each tile's
-    values by output dims; H100: 181 / 339 us at 64 / 128 heads against 199 / 394 us for the
-    pairs layout, 0.86-0.92x at 48 to 128 rows). The pairs layout
-    (``cute_seesaw_pairs_fp8.py``, on request) widens one pair of 32-token bf16 stages from
-    ``fp8_stages`` 32-token FP8 slots in the producer warp group's threads, with
-    ``widener_regs`` registers each (H200: 222 / 428 us at 64 / 128 heads against 298 / 586
-    us for blocks of 32 rows on the tokens layout, ``layout="tokens"``). The tokens layout's
-    default ring, 2 + 1 with two converter groups, was the fastest of five on the H200
-    (2026-12-02, docs/mla.md), e.g. 139-145 us at 16 heads against 184-199 us for one converter group and 157-160 us for one
-    bf16 tile fed by two or three FP8 slots; with the exact widening of the same day, 142.4
-    us against 156.5 us for one converter group.
+    An FP8 cache takes the register kernels (``layout="regs"``), which widen each FP8 slot
+    straight into the consumers' wgmma operands (f16 products): blocks of 16 or 32 rows
+    (``cute_decode_fp8_regs.py``, two consumer groups taking tiles in turn, four slots), and
+    of 64 rows above 32 (``cute_decode_fp8_regs64.py``, the groups scoring tiles in turn and
+    splitting each tile's values by output dims, three slots), each block reading the cache
+    once. Against the earlier FP8 kernels (a 16-bit ring widened in shared memory by
+    converter groups, or the pairs kernel behind such a ring; removed in the thirty-ninth
+    session, measurements in docs/mla.md): 0.76x / 0.87x the time at 16 / 32 heads (H200),
+    0.91x / 0.86x at 64 / 128 heads (H100).
     """
     cfg = dict(config or {})
+    unknown = sorted(set(cfg) - CUTE_DECODE_KEYS)
+    if unknown:
+        raise ValueError(f"unknown CuTe MLA decode plan keys {unknown}; "
+                         f"known: {sorted(CUTE_DECODE_KEYS)}")  # fmt: skip
     rows_per_req = q_len * heads
     if fp8:
-        # more than 32 rows: one CTA per 64 rows, each reading the cache once (1.33-1.36x
-        # faster at 64 and 128 heads than blocks of 32 rows that each read it, H200)
-        if "layout" not in cfg and rows_per_req > 32:
-            # blocks of 64 rows on the 64-row register kernel (cute_decode_fp8_regs64.py):
-            # with its loads addressed from few bases, x0.912 the pairs kernel's time at 64
-            # heads and x0.86 at 128 (H100, interleaved replays, thirty-sixth session)
-            cfg = {"layout": "regs", "rows": 64, **cfg}
-        fp8_layout = cfg.get("layout", "regs")
-        if fp8_layout == "pairs":
-            # a 16-bit ring of one pair of 32-token tiles fed by two 32-token FP8 slots; the
-            # producer warp group widens with 72 registers a thread (the consumers keep 216),
-            # into f16 (one conversion per pair of values: 10-11 % faster than bf16, H200)
-            if int(cfg.get("tile", FP8_PAIRS_TILE)) != FP8_PAIRS_TILE:
-                raise ValueError("the FP8 pairs decode takes 32-token tiles")
-            if int(cfg.get("rope_early", 0)):
-                raise ValueError(
-                    "the FP8 pairs decode releases each tile's rope dims with its hi half"
-                )
-            cfg = {"stages": 2, "fp8_stages": 2, "converter_wgs": 1, "tile": FP8_PAIRS_TILE,
-                   "rope_early": 0, "widener_regs": 72, "mma_dtype": "f16", **cfg}  # fmt: skip
-            if int(cfg["stages"]) != 2:
-                raise ValueError("the FP8 pairs decode's 16-bit ring is one pair: stages=2")
-            if int(cfg["widener_regs"]) not in (40, 56, 72):
-                raise ValueError(f"widener_regs={cfg['widener_regs']}: 40, 56 or 72")
-        elif fp8_layout == "regs":
-            # up to 32 rows, widened in the consumers' registers (cute_decode_fp8_regs.py):
-            # two consumer groups taking turns on tiles, four FP8 slots of 40 KiB (swizzled
-            # 128-byte TMA boxes) in the shared memory the query and p^T leave; 0.76x /
-            # 0.87x the tokens kernel's time at 16 / 32 heads with per-token scales, 0.75x /
-            # 0.86x per-tensor (H200); five slots at 16 rows: x1.007, three: x1.043. 64 rows
-            # (cute_decode_fp8_regs64.py: the groups take turns scoring and share every
-            # tile's values by output dims; three slots fit), the default above 32 rows
-            if int(cfg.get("rows", 32)) not in (16, 32, 64):
-                raise ValueError(
-                    f"rows={cfg['rows']}: the FP8 register decode takes 16, 32 or 64 per CTA"
-                )
-            rows_regs = int(cfg.get("rows", 16 if rows_per_req <= 16 else 32))
-            cfg = {"stages": 0, "fp8_stages": 3 if rows_regs == 64 else 4, "converter_wgs": 0,
-                   "wgs": 2, "rows": rows_regs, "mma_dtype": "f16", "layout": "regs",
-                   **cfg}  # fmt: skip
-            if cfg["mma_dtype"] != "f16" or int(cfg["stages"]) or int(cfg["fp8_stages"]) < 2:
-                raise ValueError("the FP8 register decode multiplies in f16, from 2+ FP8 slots")
-            if not 0 <= int(cfg.get("max_slack", 0)) <= 8:  # P stays within 256 in f16
-                raise ValueError(f"max_slack={cfg['max_slack']}: 0 to 8 (log2 units)")
-        elif fp8_layout != "tokens":
-            raise ValueError(
-                f"layout={fp8_layout!r}: the FP8 CuTe decode takes 'tokens', 'pairs' or 'regs'"
-            )
-        else:
-            if int(cfg.get("rows", 32)) not in (16, 32):
-                raise ValueError(f"rows={cfg['rows']}: the FP8 CuTe decode takes 16 or 32 per CTA")
-            # more rows than 32 run in blocks of 32, each CTA reading its split of the cache;
-            # f16 products (one conversion per pair of values): 8-10 % faster than bf16 (H200)
-            cfg = {"stages": 2, "fp8_stages": 1, "converter_wgs": 2, "wgs": 1,
-                   "layout": "tokens", "rows": 16 if rows_per_req <= 16 else 32,
-                   "mma_dtype": "f16", **cfg}  # fmt: skip
-        if cfg["mma_dtype"] not in ("bf16", "f16"):
-            raise ValueError(f"mma_dtype={cfg['mma_dtype']!r}: 'bf16' or 'f16'")
-    layout = str(cfg.get("layout", "tokens" if rows_per_req <= 32 else "pairs"))
-    if layout == "regs" and not fp8:
-        raise ValueError("layout='regs' widens an FP8 cache: a bf16 cache takes the others")
-    if layout not in ("tokens", "heads", "pairs", "regs"):
-        raise ValueError(f"layout={layout!r}: expected 'tokens', 'heads' or 'pairs'")
-    if layout in ("heads", "pairs"):
-        rows, wgs = 64, 2
+        layout = str(cfg.get("layout", "regs"))
+        if layout != "regs":
+            raise ValueError(f"layout={layout!r}: an FP8 cache takes the register layout 'regs'")
+        rows = int(cfg.get("rows", _default_rows(rows_per_req)))
+        if rows not in (16, 32, 64):
+            raise ValueError(f"rows={rows}: the FP8 register decode takes 16, 32 or 64 per CTA")
+        # four FP8 slots of 40 KiB beside the query and two p^T at 16-32 rows (five at 16 rows:
+        # x1.007, three: x1.043, H200); three at 64 rows (two: x1.5, H100)
+        fp8_stages = int(cfg.get("fp8_stages", 3 if rows == 64 else 4))
+        # query, two p^T, the FP8 slots (640 bytes a token) and their scales
+        need = rows * 576 * 2 + 2 * CUTE_TILE * rows * 2 + fp8_stages * CUTE_TILE * (640 + 4)
+        if fp8_stages < 2 or need > 224 * 1024:
+            raise ValueError(f"FP8 decode: {fp8_stages} FP8 slots at {rows} rows need {need} "
+                             "bytes of shared memory (2 or more, within 224 KiB)")  # fmt: skip
+        if int(cfg.get("wgs", 2)) != 2 or int(cfg.get("stages", 0)):
+            raise ValueError("the FP8 register decode runs two consumer groups and no 16-bit ring")
+        wgs, stages = 2, 0
+        if not 0 <= int(cfg.get("max_slack", 4)) <= 8:  # P stays within 256 in f16
+            raise ValueError(f"max_slack={cfg['max_slack']}: 0 to 8 (log2 units)")
     else:
-        rows = int(cfg.get("rows", 16 if rows_per_req <= 16 else 32 if rows_per_req <= 32 else 64))
-        # two consumer groups at 32 rows measured -0.6 to +3 % against one (H200, within the
-        # noise of a run: docs/mla.md); 16 rows over two groups (8 each) does not compile
-        wgs = int(cfg.get("wgs", 1 if rows <= 32 or layout == "regs" else 2))
+        layout = str(cfg.get("layout", "tokens" if rows_per_req <= 32 else "pairs"))
+        if layout not in ("tokens", "pairs"):
+            raise ValueError(f"layout={layout!r}: a bf16 cache takes 'tokens' or 'pairs'")
+        if layout == "pairs":
+            rows, wgs = 64, 2
+        else:
+            rows = int(cfg.get("rows", _default_rows(rows_per_req)))
+            # two consumer groups at 32 rows measured -0.6 to +3 % against one (H200, within the
+            # noise of a run: docs/mla.md); 16 rows over two groups (8 each) does not compile
+            wgs = int(cfg.get("wgs", 1 if rows <= 32 else 2))
+        stages, fp8_stages = int(cfg.get("stages", 2)), 0
     row_blocks = -(-rows_per_req // rows)
     if page_size >= CUTE_TILE and page_size % CUTE_TILE:
         raise ValueError(f"page_size={page_size}: pages of 64 tokens or more must hold whole tiles")
@@ -334,32 +298,7 @@ def cute_decode_plan(
     if not splits:  # one CTA per SM: the ring of 72 KiB tiles takes most of shared memory
         splits = decode_num_splits(batch, row_blocks, kv_len, block_h=64)
     splits = max(1, min(int(splits), max(1, -(-kv_len // CUTE_TILE))))
-    stages = int(cfg.get("stages", 2))
-    fp8_stages = int(cfg["fp8_stages"]) if fp8 else 0
-    # One CTA per SM taking an equal share of all requests' tiles (cute_decode_persistent.py):
-    # bf16, the tokens layout on one consumer group, and no split count asked for. Off by
-    # default: correct, but slower than one CTA per request in every H200 run (152 / 162 us
-    # against 145 / 148 us at 16 / 32 heads in the latest; its parts' stores stall the ring,
-    # docs/mla.md).
-    persistent = int(cfg.get("persistent", 0))
-    asked = int(num_splits or cfg.get("num_splits") or 1)
-    if persistent and (fp8 or layout != "tokens" or wgs != 1 or rows > 32 or asked > 1):
-        raise ValueError("persistent=1 takes a bf16 cache, the tokens layout on one consumer "
-                         "group (16 or 32 rows) and no split count")  # fmt: skip
-    if persistent:
-        splits = 1
-    ctas = num_sms() if persistent else 0
     workspace = batch * rows_per_req * splits * (512 + 1) * 4 if splits > 1 else 0
-    if persistent:  # two part slots per CTA
-        workspace = 2 * ctas * rows * (512 + 1) * 4
-    if fp8:  # query + bf16 tiles + p + FP8 slots must fit the SM's 227 KiB of shared memory
-        need = rows * 576 * 2 + stages * tile * 576 * 2 + CUTE_TILE * rows * 2
-        need += fp8_stages * tile * 576
-        if layout == "regs":  # query, two p^T, the FP8 slots (640 bytes a token) and scales
-            need = rows * 576 * 2 + 2 * CUTE_TILE * rows * 2 + fp8_stages * tile * (640 + 4)
-        if (stages < 1 and layout != "regs") or fp8_stages < 1 or need > 224 * 1024:
-            raise ValueError(f"FP8 decode: {stages} bf16 tiles + {fp8_stages} FP8 slots at "
-                             f"{rows} rows need {need} bytes of shared memory")  # fmt: skip
     return {
         "layout": layout,
         "rows": rows,
@@ -381,26 +320,17 @@ def cute_decode_plan(
         # vote tells the group, and the exchange of the tile's maxima and the output's
         # rescale are skipped; 0: both on every tile. 4: x0.979 / x0.966 the time of 0 at 16 /
         # 32 heads (H100, interleaved replays, thirty-third session; 8 read the same)
-        "max_slack": int(cfg.get("max_slack", 4)) if layout == "regs" and fp8 else 0,
+        "max_slack": int(cfg.get("max_slack", 4)) if fp8 else 0,
         "stages": stages,
         # KV tiles loaded with the L2 evict-first hint (cute_decode.KvRingProducer): 0.3-2.5 %
         # faster at 11 of 12 shapes over two H200 runs (docs/mla.md); 0 turns it off
         "evict_first": int(cfg.get("evict_first", 1)),
-        # the producer reads the next tile's block-table entries before waiting for a free
-        # stage (cute_decode.KvRingProducer); 0: after, on every tile's load latency. The FP8
-        # ring loader reads them just in time (its prefetching build failed a GPU test,
-        # docs/mla.md); the register kernels' loader reads them before its slot wait (x0.99
-        # at 16, 64 and 128 heads on an H100, x1.00 at 32)
-        "page_prefetch": int(cfg.get("page_prefetch", 1)) if layout == "regs" or not fp8 else 0,
+        # the loader reads the next tile's block-table entries before waiting for a free
+        # stage or slot (cute_decode.KvRingProducer); 0: after, on every tile's load latency
+        # (x0.99 at 16, 64 and 128 heads for the register kernels on an H100, x1.00 at 32)
+        "page_prefetch": int(cfg.get("page_prefetch", 1)),
         "fp8_stages": fp8_stages,
-        "converter_wgs": int(cfg["converter_wgs"]) if fp8 else 0,
         "num_splits": splits,
-        "persistent": persistent,
-        # the FP8 pairs kernel's widening threads' registers (its consumers get the rest)
-        "widener_regs": int(cfg["widener_regs"]) if fp8 and layout == "pairs" else 0,
-        # the type the FP8 kernels' products multiply in (a bf16 cache's: bf16)
-        "mma_dtype": str(cfg["mma_dtype"]) if fp8 else "bf16",
-        "ctas": ctas,
         "workspace_bytes": workspace,
     }
 

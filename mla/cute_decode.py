@@ -22,8 +22,8 @@ there is one split, otherwise fp32 partials and base-2 LSEs in the layout the Tr
 kernel reads.
 
 Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; ``tokenspeed.mla.catalog`` registers it as
-a SPECIALIZED candidate only when both are present. bf16 query and cache (an FP8 cache goes
-through ``cute_decode_fp8.py``, which feeds this consumer from a conversion pipeline).
+a SPECIALIZED candidate only when both are present. bf16 query and cache (an FP8 cache takes
+``cute_decode_fp8_regs.py``, which widens it in the consumers' registers).
 """
 
 from __future__ import annotations
@@ -267,8 +267,6 @@ class KvRingProducer:
 class MlaDecodeSm90(KvRingProducer):
     """One compiled decode variant: row block, consumer warp groups, page copy size, stages."""
 
-    mma_dtype: type = BFloat16  # what both products multiply (an FP8 cache may widen to f16)
-
     def __init__(
         self, rows: int, consumer_wgs: int, page_block: int, stages: int, split: bool,
         write_lse: bool, ablation: str = "", evict_first: bool = False,
@@ -355,7 +353,7 @@ class MlaDecodeSm90(KvRingProducer):
     def _mmas_and_layouts(self):
         """Both products' tiled MMAs (``s^T`` and ``o^T``) and the shared-memory layouts they
         read: the KV ring, its transposed V view, the query block and ``p^T``."""
-        dt = self.mma_dtype
+        dt = BFloat16
         mma_s = sm90_utils.make_trivial_tiled_mma(
             dt, dt, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
             Float32, (1, 1, 1), tiler_mn=(TILE, self.rows_per_wg),
@@ -449,7 +447,7 @@ class MlaDecodeSm90(KvRingProducer):
                 mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
                 s_sum, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads,
                 num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx,
-                warp, lane, s_stage=s_stage,
+                warp, lane, s_stage,
             )  # fmt: skip
 
     @cute.jit
@@ -466,21 +464,16 @@ class MlaDecodeSm90(KvRingProducer):
     def _consume(
         self, mma_s, mma_o, s_kv, s_q, s_p, vt_layout, q_bar, kv_pipe, red, s_alpha, s_max,
         s_sum, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len, num_heads, num_splits,
-        b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp, lane,
-        out_scale=None, s_tok_scale=None, s_stage=None,
+        b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx, warp, lane, s_stage,
     ):  # fmt: skip
         """The consumer warp groups: both products and the online softmax, then the output.
 
-        An FP8 cache reaches this as its raw e4m3 values in bf16 (exact); its scale is applied
-        here in float32: one per tensor as ``out_scale`` (the caller folds it into
-        ``scale_log2`` too), or one per token from ``s_tok_scale`` (token, stage), which
-        multiplies each token's scores and its probabilities before the product with V.
         ``s_stage``: the query block's shared memory, where the final rows are gathered
         (``_write_rows``).
         """
         c = self._consumer_setup(
             mma_s, mma_o, s_kv, s_p, vt_layout, red, s_alpha, s_max, s_sum, scale_log2, q_len,
-            num_heads, tidx, warp, lane, out_scale, s_tok_scale,
+            num_heads, tidx, warp, lane,
         )  # fmt: skip
         wg = warp // 4
         s_q_wg = cute.local_tile(s_q[None, None, 0], (self.rows_per_wg, D_QK), (wg, 0))
@@ -503,7 +496,7 @@ class MlaDecodeSm90(KvRingProducer):
     @cute.jit
     def _consumer_setup(
         self, mma_s, mma_o, s_kv, s_p, vt_layout, red, s_alpha, s_max, s_sum, scale_log2,
-        q_len, num_heads, tidx, warp, lane, out_scale, s_tok_scale,
+        q_len, num_heads, tidx, warp, lane,
     ):  # fmt: skip
         """What the consumer's tile loop and epilogue only read, bundled at trace time: the
         thread's slices of both products, its coordinates, and the shared-memory views.
@@ -515,8 +508,7 @@ class MlaDecodeSm90(KvRingProducer):
         c = SimpleNamespace(
             mma_s=mma_s, mma_o=mma_o, s_kv=s_kv, vt_layout=vt_layout, red=red, s_alpha=s_alpha,
             s_max=s_max, s_sum=s_sum, scale_log2=scale_log2, q_len=q_len, num_heads=num_heads,
-            tidx=tidx, wg=wg, warp_in_wg=warp % 4, lane=lane, out_scale=out_scale,
-            s_tok_scale=s_tok_scale,
+            tidx=tidx, wg=wg, warp_in_wg=warp % 4, lane=lane,
         )  # fmt: skip
         # -- first product: s^T (this warp group's rows) ----------------------------------------
         c.thr_s = mma_s.get_slice(wg_tidx)
@@ -526,7 +518,7 @@ class MlaDecodeSm90(KvRingProducer):
         # p^T is written where the accumulator of s^T sits: view s_p as (token, row).
         s_p_tr = cute.make_tensor(s_p.iterator, cute.select(s_p.layout, mode=[1, 0, 2]))
         c.t_sp = c.thr_s.partition_C(cute.local_tile(s_p_tr[None, None, 0], (TILE, rpw), (0, wg)))
-        c.r_p = cute.make_rmem_tensor_like(c.acc_s, self.mma_dtype)
+        c.r_p = cute.make_rmem_tensor_like(c.acc_s, BFloat16)
         # -- second product: o^T (this warp group's 512 / wgs dims, all rows) -------------------
         c.thr_o = mma_o.get_slice(wg_tidx)
         c.r_ob = mma_o.make_fragment_B(c.thr_o.partition_B(s_p[None, None, 0]))  # (MMA, 1, 4)
@@ -561,7 +553,7 @@ class MlaDecodeSm90(KvRingProducer):
         ring's state after the last tile."""
         mma_s, mma_o, acc_s = c.mma_s, c.mma_o, c.acc_s
         wg, warp_in_wg, lane = c.wg, c.warp_in_wg, c.lane
-        red, s_alpha, s_tok_scale = c.red, c.s_alpha, c.s_tok_scale
+        red, s_alpha = c.red, c.s_alpha
         rpw = self.rows_per_wg
         slots = rpw // 4
         first_t = seq_len - c.q_len  # kv position of query token 0
@@ -576,20 +568,9 @@ class MlaDecodeSm90(KvRingProducer):
             else:
                 acc_s.fill(0.0)
             tile_start = start + tile * TILE
-            # a thread's scores sit in two tokens of the tile: rows (i // 2) % 2 of its quad
-            if cutlass.const_expr(s_tok_scale is not None):
-                tok_scale = cute.make_rmem_tensor((2,), Float32)
-                row_scale = cute.make_rmem_tensor((2,), Float32)
-                for h in cutlass.range_constexpr(2):
-                    tok_scale[h] = s_tok_scale[warp_in_wg * 16 + lane // 4 + 8 * h, stage]
-                    row_scale[h] = c.scale_log2 * tok_scale[h]
-
             # scale, mask (tokens past the split's end, causal query block), column max
             for i in cutlass.range_constexpr(cute.size(acc_s)):
-                if cutlass.const_expr(s_tok_scale is not None):
-                    acc_s[i] = acc_s[i] * row_scale[(i // 2) % 2]
-                else:
-                    acc_s[i] = acc_s[i] * c.scale_log2
+                acc_s[i] = acc_s[i] * c.scale_log2
             # one branch per tile (most tiles need no mask), not one per score
             if tile_start + TILE > cutlass.min(end, first_t + 1):
                 for i in cutlass.range_constexpr(cute.size(acc_s)):
@@ -605,10 +586,7 @@ class MlaDecodeSm90(KvRingProducer):
                 j = accumulator_slot(i, rpw)
                 p = Float32(cute.math.exp2(acc_s[i] - m_use[j], fastmath=True))
                 l_i[j] = l_i[j] + p
-                if cutlass.const_expr(s_tok_scale is not None):
-                    c.r_p[i] = (p * tok_scale[(i // 2) % 2]).to(self.mma_dtype)
-                else:
-                    c.r_p[i] = p.to(self.mma_dtype)
+                c.r_p[i] = p.to(BFloat16)
             if cutlass.const_expr(self.wgs > 1):  # the other group may still read p^T / alpha
                 cute.arch.barrier(barrier_id=3, number_of_threads=self.consumer_threads)
             cute.autovec_copy(c.r_p, c.t_sp)
@@ -691,8 +669,6 @@ class MlaDecodeSm90(KvRingProducer):
             inv[j] = Float32(0.0)
             if total > 0.0:
                 inv[j] = 1.0 / total
-                if cutlass.const_expr(c.out_scale is not None):
-                    inv[j] = c.out_scale / total
         staging = cutlass.const_expr(final and s_stage is not None)
         if cutlass.const_expr(staging):
             staged = staged_rows(s_stage, self.rows, D_LATENT)
@@ -746,45 +722,20 @@ def _unused_partials(device: Any) -> tuple[Any, Any]:
 def decode_kernel(spec: dict[str, Any]) -> Any:
     """The kernel object a launch spec names (built, not compiled); the spec's fields are the
     plan's that shape the compiled code (``_kernel_spec``)."""
-    if spec["fp8"] and spec["layout"] == "regs" and spec["rows"] == 64:
+    if spec["fp8"] and spec["rows"] == 64:
         from .cute_decode_fp8_regs64 import MlaDecodeFp8Regs64Sm90
 
         kernel: Any = MlaDecodeFp8Regs64Sm90(
             spec["page_block"], spec["fp8_stages"], spec["split"], spec["write_lse"],
             spec["per_token"], spec["ablation"], spec["max_slack"],
         )  # fmt: skip
-    elif spec["fp8"] and spec["layout"] == "regs":
+    elif spec["fp8"]:
         from .cute_decode_fp8_regs import MlaDecodeFp8RegsSm90
 
         kernel = MlaDecodeFp8RegsSm90(
             spec["rows"], spec["page_block"], spec["fp8_stages"], spec["split"],
             spec["write_lse"], spec["per_token"], spec["ablation"], spec["max_slack"],
         )  # fmt: skip
-    elif spec["fp8"] and spec["layout"] == "pairs":
-        from .cute_seesaw_pairs_fp8 import MlaDecodeSeesawPairsFp8Sm90
-
-        kernel = MlaDecodeSeesawPairsFp8Sm90(
-            spec["page_block"], spec["fp8_stages"], spec["split"], spec["write_lse"],
-            spec["per_token"], spec["ablation"], spec["widener_regs"], spec["mma_dtype"] == "f16",
-        )  # fmt: skip
-    elif spec["fp8"]:
-        from .cute_decode_fp8 import MlaDecodeFp8Sm90
-
-        kernel = MlaDecodeFp8Sm90(
-            spec["rows"], spec["page_block"], spec["stages"], spec["fp8_stages"], spec["split"],
-            spec["write_lse"], spec["per_token"], spec["converter_wgs"], spec["ablation"],
-            spec["mma_dtype"] == "f16",
-        )  # fmt: skip
-    elif spec["persistent"]:
-        from .cute_decode_persistent import MlaDecodePersistentSm90
-
-        kernel = MlaDecodePersistentSm90(spec["rows"], spec["page_block"], spec["write_lse"],
-                                         spec["ablation"], spec["evict_first"])  # fmt: skip
-    elif spec["layout"] == "heads":
-        from .cute_seesaw import MlaDecodeSeesawSm90
-
-        kernel = MlaDecodeSeesawSm90(spec["page_block"], spec["split"], spec["write_lse"],
-                                     spec["ablation"], spec["evict_first"])  # fmt: skip
     elif spec["layout"] == "pairs":
         from .cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
 
@@ -810,12 +761,10 @@ def _kernel_spec(
         "fp8": fp8, "per_token": per_token, "split": split, "write_lse": write_lse,
         "ablation": ablation, "layout": plan["layout"], "rows": plan["rows"], "wgs": plan["wgs"],
         "page_block": plan["page_block"], "stages": plan["stages"],
-        "fp8_stages": plan["fp8_stages"], "converter_wgs": plan["converter_wgs"],
-        "evict_first": bool(plan["evict_first"]), "page_prefetch": bool(plan["page_prefetch"]),
-        "tile": plan["tile"], "lazy_rescale": bool(plan["lazy_rescale"]),
-        "rope_early": bool(plan["rope_early"]),
-        "persistent": bool(plan["persistent"]), "widener_regs": plan["widener_regs"],
-        "mma_dtype": plan["mma_dtype"], "max_slack": plan["max_slack"],
+        "fp8_stages": plan["fp8_stages"], "evict_first": bool(plan["evict_first"]),
+        "page_prefetch": bool(plan["page_prefetch"]), "tile": plan["tile"],
+        "lazy_rescale": bool(plan["lazy_rescale"]), "rope_early": bool(plan["rope_early"]),
+        "max_slack": plan["max_slack"],
     }  # fmt: skip
 
 
@@ -846,9 +795,10 @@ def mla_decode(
 ) -> Any:
     """CuTe DSL SM90 MLA decode; the contract is ``tokenspeed.mla.mla_decode``'s.
 
-    A bf16 query over a bf16 cache, or over an FP8 (e4m3) cache with ``kv_scale`` (one
-    element, or one per token): up to 32 rows (query tokens x heads) on the tokens layout,
-    more in blocks of 64 on the FP8 pairs kernel.
+    A bf16 query over a bf16 cache (up to 32 rows, query tokens x heads, on the tokens
+    layout, more in blocks of 64 on the pairs kernel), or over an FP8 (e4m3) cache with
+    ``kv_scale`` (one element, or one per token) on the register kernels, in blocks of 16, 32
+    or 64 rows.
     ``fold_sq_factor`` is accepted for the common signature: rows of all query tokens are
     already laid out on one axis here, so every fold gives the same launch.
     """
@@ -884,12 +834,10 @@ def mla_decode(
     q2d = query.contiguous().view(batch * q_len * heads, D_QK)
     if q2d.shape[0] < plan["rows"]:  # the query TMA box must not be taller than the tensor
         q2d = torch.cat([q2d, q2d.new_zeros(plan["rows"] - q2d.shape[0], D_QK)])
-    if fp8:  # the loader copies bytes; the converter reads them as e4m3
-        flat = cache.view(torch.uint8)
-        # the register kernel's TMA reads token rows; the others bulk-copy page blocks
-        kv_arg = cute_tensor(flat.view(-1, D_QK) if plan["layout"] == "regs" else flat.view(-1))
+    if fp8:  # the loader copies bytes (token rows, by TMA); the consumers read them as e4m3
+        kv_arg = cute_tensor(cache.view(torch.uint8).view(-1, D_QK))
         scale = kv_scale.reshape(-1).to(torch.float32)
-        if scale.data_ptr() % 16:  # the FP8 pairs kernel bulk-copies per-token scales
+        if scale.data_ptr() % 16:  # the loader bulk-copies per-token scales
             scale = scale.clone()
         scale_arg = (cute_tensor(scale, 4),)
     else:
@@ -912,25 +860,8 @@ def mla_decode(
     else:  # this variant never touches the partials: any fp32 tensors of the right rank
         part_o, part_lse = _unused_partials(query.device)
     stream = torch.cuda.current_stream()
-    if plan["persistent"]:
-        from .cute_decode_persistent import part_counts
-
-        counts = part_counts(batch * plan["row_blocks"], query.device)
-        args = (
-            cute_tensor(q2d), kv_arg, cute_tensor(block_tables, 4, all_dynamic=True),
-            cute_tensor(seq_lens, 4), cute_tensor(out2d), cute_tensor(lse.view(-1), 4),
-            cute_tensor(part_o), cute_tensor(part_lse, 4), cute_tensor(counts, 4),
-            Float32(softmax_scale * math.log2(math.e)), Int32(q_len), Int32(heads),
-            Int32(page_size), Int32(batch), Int32(plan["row_blocks"]), Int32(plan["ctas"]),
-            cuda.CUstream(stream.cuda_stream),
-        )  # fmt: skip
-        spec = _kernel_spec(plan, False, False, False, return_lse, ablation)
-        _compiled(spec, args)(*args)
-        return (out, lse) if return_lse else out
-    if plan["layout"] == "regs":  # the kernel reads the query's pairs of values as words
+    if fp8:  # the register kernels read the query's pairs of values as words
         q2d = q2d.view(torch.int32)
-    elif plan["mma_dtype"] == "f16":  # the kernel converts the query (its bits, copied as f16)
-        q2d = q2d.view(torch.float16)
     args = (
         cute_tensor(q2d), kv_arg, *scale_arg, cute_tensor(block_tables, 4, all_dynamic=True),
         cute_tensor(seq_lens, 4), cute_tensor(out2d), cute_tensor(lse.view(-1), 4),

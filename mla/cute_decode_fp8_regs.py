@@ -1,20 +1,20 @@
 """Absorbed-MLA decode over an FP8 (e4m3) cache for Hopper, widened in the consumers' registers.
 
-The FP8 kernel of ``cute_decode_fp8.py`` widens each tile into a 16-bit copy in shared memory
-for wgmma to read: per 64-token tile the copy engine writes 36 KiB, converters read them and
-write 72 KiB, and the products read those again, so shared memory carries ~250 KiB a tile, and
-the 16-bit ring leaves room for one FP8 slot in flight. Here both products take their A
-operand from registers (``s^T = K q^T`` and ``o^T = V^T p^T``, tokens on M as in the bf16
-kernel, f16 products): each consumer thread loads its share of the FP8 tile with 16-byte
-shared loads and widens it with one hardware conversion per pair of values straight into the
-operand (``fp8_regs_layout.py`` places every value; the query is permuted to match and the
-output un-permuted). Shared memory holds the query, ``p^T`` and ``fp8_stages`` FP8 slots
-(four); a slot is released as soon as its values are in registers. A slot is 64 tokens x
-640 bytes: five 128-byte-wide TMA boxes per page block with the 128-byte swizzle (the fifth
-half past the row, zero-filled), so that with the tiles' token order every 16-byte load of
-both products is free of bank conflicts (``fp8_regs_layout.slot_offset``; with the page
-block's rows copied whole, 576 bytes apart, the values' loads conflicted 2-way, 21 % of
-shared memory's wavefronts in excess under Nsight Compute).
+An FP8 tile widened into a 16-bit copy in shared memory for wgmma to read (the tokens kernel of
+the early sessions, removed in the thirty-ninth) costs per 64-token tile 36 KiB written by the
+copy engine, 72 KiB written by converters and read again by the products: ~250 KiB of
+shared-memory traffic, and a 16-bit ring that leaves room for one FP8 slot in flight. Here both
+products take their A operand from registers (``s^T = K q^T`` and ``o^T = V^T p^T``, tokens on M
+as in the bf16 kernel, f16 products): each consumer thread loads its share of the FP8 tile with
+16-byte shared loads and widens it with one hardware conversion per pair of values straight into
+the operand (``fp8_regs_layout.py`` places every value; the query is permuted to match and the
+output un-permuted). Shared memory holds the query, ``p^T`` and ``fp8_stages`` FP8 slots (four);
+a slot is released as soon as its values are in registers. A slot is 64 tokens x 640 bytes: five
+128-byte-wide TMA boxes per page block with the 128-byte swizzle (the fifth half past the row,
+zero-filled), so that with the tiles' token order every 16-byte load of both products is free of
+bank conflicts (``fp8_regs_layout.slot_offset``; with the page block's rows copied whole, 576
+bytes apart, the values' loads conflicted 2-way, 21 % of shared memory's wavefronts in excess
+under Nsight Compute).
 
 Warp roles (384 threads): two consumer warp groups take the split's tiles in turn (group
 ``g`` tiles ``g``, ``g + 2``, ...), each with its own softmax state, so one group's softmax
@@ -32,7 +32,7 @@ reach it) and masked out of the scores, their scales taken as 0.
 
 H200 (batch 128 x 4096, page 64, q_len 1): 89.3-92.2 / 121.7-123.6 us at 16 / 32 heads with
 per-token scales (~79 / ~60 % of the copy bandwidth), 88.4 / 118.9 us per-tensor, against
-~120 / ~140 us for the tokens kernel in the same runs; with the page blocks' rows 576 bytes
+~120 / ~140 us for that shared-memory widening in the same runs; with the page blocks' rows 576 bytes
 apart it took 94-96 / 125-129 us (docs/mla.md). At 32 rows the values product widens one
 register operand at a time (its 128 accumulator registers leave no room for two) and ptxas
 spills 64 bytes.
@@ -69,7 +69,7 @@ from tokenspeed.kernels.cute_ops.common import (
 )
 
 from .cute_decode import D_LATENT, D_QK, TILE, KvRingProducer, running_max
-from .cute_decode_fp8 import (
+from .fp8_widen import (
     Q_F16_SCALE,
     bf16x2_to_f16x2_scaled,
     copy_page_scales,

@@ -2,10 +2,10 @@
 consumer warp groups that score *two* KV tiles at once and hand the softmax over in a chain
 (FlashMLA's "seesaw" of a pair of tiles).
 
-``cute_seesaw.py`` gives every tile to one owner group: the owner scores it and runs its
-softmax while the other group waits, so the tensor cores idle during every softmax (the
-profile in docs/mla.md: half the stall samples at 128 heads are the groups waiting on each
-other). Here the tiles go in pairs ``(A, B)``, A in one ring stage and B in the next, and each
+A one-tile seesaw (the ``heads`` layout of the early sessions, removed in the thirty-ninth)
+gave every tile to one owner group: the owner scored it and ran its softmax while the other
+group waited, so the tensor cores idled during every softmax (the profile in docs/mla.md: half
+the stall samples at 128 heads were the groups waiting on each other). Here the tiles go in pairs ``(A, B)``, A in one ring stage and B in the next, and each
 group scores its own tile of the pair (group 0 tile A, group 1 tile B). ``O[64, 512]`` is
 split by columns: group 0 owns ``O_L`` (dims 0-255), group 1 ``O_R`` (256-511). One pair:
 
@@ -74,8 +74,9 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from tokenspeed.kernels.cute_ops.common import staged_rows, store_staged_rows, vector_at
+
 from .cute_decode import TILE, KvRingProducer
-from .cute_seesaw import _PAIR, TwoGroupRows
 
 ROWS = 64  # query rows per CTA: the wgmma M
 D_LATENT = 512
@@ -92,8 +93,9 @@ _BAR_SCALE0 = 1  # group 0 published m0 and scale0
 _BAR_SCALE1 = 2  # group 1 published m1 and scale1
 _BAR_PA = 3  # group 0 wrote P_A to shared memory
 _BAR_PB = 4  # group 1 wrote P_B to shared memory
+_BAR_CONSUMERS = 5  # both consumer warp groups (the epilogue)
 _BAR_PA_FREE = 6  # group 1's product with P_A is done: the next P_A may be written
-# (barrier 5 is the shared epilogue's: cute_seesaw._BAR_CONSUMERS; _PAIR: the 256 consumer threads)
+_PAIR = 256  # threads of the two consumer warp groups
 # Ring parts: index parts * stage + part (0: lo, 1: hi), each released by the four warps of
 # the group whose product reads it last: A lo group 0 (V_AL), A hi group 1 (V_AR), B lo group 0
 # (V_BL), B hi group 1 (V_BR). They free up in the order A lo, A hi, B hi, B lo, which is the
@@ -109,6 +111,77 @@ _ROPE = 2  # the rope part's index
 _LOAD_ORDER_ROPE = ((0, _ROPE), (1, _ROPE), (0, 0), (0, 1), (1, 1), (1, 0))
 
 
+class TwoGroupRows:
+    """The pairs kernel's epilogue: two consumer warp groups, each holding half of
+    ``O``'s 512 dims for the same 64 rows and the denominators of the tiles it exponentiated.
+
+    The kernel sets ``split`` (write fp32 partials and base-2 LSEs for the merge) and
+    ``write_lse``.
+    """
+
+    @cute.jit
+    def _finish_rows(
+        self, acc_o, coords_o, l_own, m_run, s_sum, my_rows, wg, lane, b, split, rows_per_req,
+        row0, num_splits, m_out, m_lse, m_part_o, m_part_lse, s_stage,
+    ):  # fmt: skip
+        """Add the two groups' denominators, normalise this group's half of ``O`` and write
+        it (and, from group 0, the rows' LSE); rows past the request are not written.
+
+        ``s_stage`` is shared memory no product reads any more (the query block), at least
+        ``64 x 520`` bf16: the final rows are gathered there and stored whole
+        (``store_staged_rows``)."""
+        for h in cutlass.range_constexpr(2):
+            x = l_own[h]
+            x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
+            x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
+            l_own[h] = x
+        if lane % 4 == 0:
+            for h in cutlass.range_constexpr(2):
+                s_sum[my_rows[h], wg] = l_own[h]
+        cute.arch.barrier(barrier_id=_BAR_CONSUMERS, number_of_threads=_PAIR)
+        inv = cute.make_rmem_tensor((2,), Float32)
+        for h in cutlass.range_constexpr(2):
+            total = s_sum[my_rows[h], 0] + s_sum[my_rows[h], 1]
+            l_own[h] = total
+            inv[h] = Float32(0.0)
+            if total > 0.0:
+                inv[h] = 1.0 / total
+
+        # Elements i and i + 1 are adjacent dims of one row: moved together (4 bytes bf16, 8
+        # fp32), scaled and converted outside any branch.
+        base_row = b * rows_per_req + row0
+        dtype = Float32 if cutlass.const_expr(self.split) else BFloat16
+        pair = cute.make_rmem_tensor((2,), dtype)
+        staged = staged_rows(s_stage, ROWS, D_LATENT)
+        for i in cutlass.range_constexpr(0, cute.size(acc_o), 2):
+            n, d = coords_o[i]
+            scale = inv[(i // 2) % 2]
+            pair[0] = (acc_o[i] * scale).to(dtype)
+            pair[1] = (acc_o[i + 1] * scale).to(dtype)
+            dim = wg * HALF_V + d
+            if cutlass.const_expr(self.split):
+                dst = vector_at(m_part_o, ((base_row + n) * num_splits + split, dim), 2)
+                if row0 + n < rows_per_req:
+                    cute.autovec_copy(pair, dst)
+            else:
+                cute.autovec_copy(pair, vector_at(staged, (n, dim), 2))
+        if cutlass.const_expr(not self.split):
+            cute.arch.barrier(barrier_id=_BAR_CONSUMERS, number_of_threads=_PAIR)
+            tidx, _, _ = cute.arch.thread_idx()  # the consumers are threads 0-255
+            store_staged_rows(staged, m_out, base_row, rows_per_req - row0, tidx, _PAIR)
+        if wg == 0 and lane % 4 == 0:
+            for h in cutlass.range_constexpr(2):
+                n = my_rows[h]
+                if row0 + n < rows_per_req:
+                    lse2 = Float32(_NEG_INF)
+                    if l_own[h] > 0.0:
+                        lse2 = m_run[h] + cute.math.log2(l_own[h])
+                    if cutlass.const_expr(self.split):
+                        m_part_lse[(base_row + n) * num_splits + split] = lse2
+                    elif cutlass.const_expr(self.write_lse):
+                        m_lse[base_row + n] = lse2 * math.log(2.0)
+
+
 class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     """One compiled variant: page copy size, split output or not, LSE or not, the L2
     evict-first hint, a benchmark-only ablation, and the tile size.
@@ -118,8 +191,6 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     and the ring holds two pairs (four 36 KiB stages), so a pair's loads are issued while the
     pair before it is computed: a whole pair of look-ahead, for smaller products.
     """
-
-    mma_dtype: type = BFloat16  # what both products multiply: the query, the ring, P
 
     def __init__(
         self, page_block: int, split: bool, write_lse: bool, evict_first: bool = False,
@@ -191,15 +262,9 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             m1: cute.struct.MemRange[Float32, ROWS]  # group 1's running max after tile B
             scale1: cute.struct.MemRange[Float32, ROWS]
             row_sum: cute.struct.MemRange[Float32, 2 * ROWS]  # per-group denominators (end)
-            s_kv: cute.struct.Align[
-                cute.struct.MemRange[self.mma_dtype, cute.cosize(kv_layout)], 1024
-            ]
-            s_q: cute.struct.Align[
-                cute.struct.MemRange[self.mma_dtype, cute.cosize(q_layout)], 1024
-            ]
-            s_pa: cute.struct.Align[
-                cute.struct.MemRange[self.mma_dtype, cute.cosize(p_layout)], 1024
-            ]
+            s_kv: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(kv_layout)], 1024]
+            s_q: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(q_layout)], 1024]
+            s_pa: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(p_layout)], 1024]
 
         self.shared_storage = SharedStorage
         self.kernel(
@@ -219,7 +284,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         ring, its V view, the query block and a P block."""
         k_major = warpgroup.OperandMajorMode.K
         mn_major = warpgroup.OperandMajorMode.MN
-        dt = self.mma_dtype
+        dt = BFloat16
 
         def scores_mma(a_source=warpgroup.OperandSource.SMEM):
             return sm90_utils.make_trivial_tiled_mma(
@@ -411,17 +476,9 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         self, mma_s, mma_s0, mma_s_rs, mma_o, mma_o_rs, s_kv, s_q, s_pa, v_layout, p_layout,
         q_bar, full, empty, storage, m_out, m_lse, m_part_o, m_part_lse, scale_log2, q_len,
         num_heads, num_splits, b, split, rows_per_req, row0, start, end, seq_len, n_tiles, tidx,
-        warp, tok_scale=None, kv_scale=None,
+        warp,
     ):  # fmt: skip
-        """A consumer warp group: its tile of every pair, its half of every ``P @ V``.
-
-        An FP8 cache reaches the ring as its raw e4m3 values in bf16 (exact), and its scale
-        is applied here in float32 (``cute_seesaw_pairs_fp8.py``): one per tensor
-        (``kv_scale``: the caller folds it into ``scale_log2`` too, and the output takes it
-        in float32, so a value times the scale is rounded once) or one per token
-        (``tok_scale``, token x stage), which multiplies each token's scores and its
-        probabilities before they meet V (the denominators sum the unscaled ones).
-        """
+        """A consumer warp group: its tile of every pair, its half of every ``P @ V``."""
         wg = warp // 4
         wg_tidx = tidx % 128
         # What the pair bodies only read, bundled at trace time. What they write is passed by
@@ -431,7 +488,6 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             mma_o=mma_o, mma_o_rs=mma_o_rs, s_kv=s_kv, v_layout=v_layout, full=full,
             empty=empty, storage=storage, scale_log2=scale_log2, start=start, end=end,
             row0=row0, num_heads=num_heads, first_t=seq_len - q_len,  # kv pos of query token 0
-            tok_scale=tok_scale,
         )  # fmt: skip
         # -- scores: S = Q @ K^T (64 rows x tile tokens) --------------------------------------
         thr_s = mma_s.get_slice(wg_tidx)
@@ -447,7 +503,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
             cute.local_tile(v[None, None, 0], (ROWS, self.tile), (0, 0)) for v in (s_pa, q_rope)
         ]
         thr_s_rs = mma_s_rs.get_slice(wg_tidx)
-        c.r_q8 = cute.make_rmem_tensor(mma_s_rs.partition_shape_A((ROWS, PIECE)), self.mma_dtype)
+        c.r_q8 = cute.make_rmem_tensor(mma_s_rs.partition_shape_A((ROWS, PIECE)), BFloat16)
         c.r_sb_rs = mma_s_rs.make_fragment_B(thr_s_rs.partition_B(s_kv))
         # -- values: O[:, half] += P @ V[:, half] -------------------------------------------------
         thr_o = mma_o.get_slice(wg_tidx)
@@ -456,10 +512,8 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         c.r_oa = [mma_o.make_fragment_A(thr_o.partition_A(v)) for v in p_views]
         # The scores accumulator and a register A operand list their values in the same order
         # (pairs of columns, row halves, 8-column blocks), so P converts element by element.
-        r_pa = cute.make_rmem_tensor(mma_o_rs.partition_shape_A((ROWS, self.tile)), self.mma_dtype)
-        r_p = cute.make_rmem_tensor_like(
-            acc_s, self.mma_dtype
-        )  # the same, to write to shared memory
+        r_pa = cute.make_rmem_tensor(mma_o_rs.partition_shape_A((ROWS, self.tile)), BFloat16)
+        r_p = cute.make_rmem_tensor_like(acc_s, BFloat16)  # the same, to write to shared memory
         c.thr_s, c.p_views = thr_s, p_views
         acc_o = cute.make_rmem_tensor(mma_o.partition_shape_C((ROWS, HALF_V)), Float32)
         coords_o = thr_o.partition_C(cute.make_identity_tensor((ROWS, HALF_V)))
@@ -522,8 +576,7 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
         self._finish_rows(
             acc_o, coords_o, l_own, m_run, s_sum, my_rows, wg, c.lane, b, split, rows_per_req,
             row0, num_splits, m_out, m_lse, m_part_o, m_part_lse,
-            cute.recast_ptr(storage.s_q.data_ptr(), dtype=BFloat16),  # (its query: bf16 or f16)
-            out_scale=kv_scale,
+            storage.s_q.data_ptr(),
         )  # fmt: skip
 
     @cute.jit
@@ -743,36 +796,24 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
     @cute.jit
     def _exponentiate(self, c, acc_s, l_own, r_pa, r_p, mu, pair, which: cutlass.Constexpr):
         """``P = exp2(S - mu)`` in place (fp32), its bf16 copies (a register A operand, and
-        one in the accumulator's layout to hand over), and the denominators. Over an FP8
-        cache with a scale per token the bf16 copies carry it (the denominators do not)."""
+        one in the accumulator's layout to hand over), and the denominators."""
         for i in cutlass.range_constexpr(cute.size(acc_s)):
             h = (i // 2) % 2
             x = Float32(cute.math.exp2(acc_s[i] - mu[h], fastmath=True))
             acc_s[i] = x
             l_own[h] = l_own[h] + x
-            if cutlass.const_expr(c.tok_scale is not None):
-                x = x * self._token_scale_of(c, i, pair, which)
-            y = x.to(self.mma_dtype)
+            y = x.to(BFloat16)
             r_pa[i] = y
             r_p[i] = y
 
     @cute.jit
-    def _token_scale_of(self, c, i, pair, which: cutlass.Constexpr):
-        """The FP8 cache's scale of the token in score column ``i`` of this thread."""
-        return c.tok_scale[Int32(c.coords_s[i][1]), self._stage(pair, which)]
-
-    @cute.jit
     def _mask_and_max(self, c, acc_s, tile_max, pair, which: cutlass.Constexpr):
-        """Scale ``S`` of pair ``pair``'s tile A or B (``which``) to base 2 (and by each
-        token's scale over an FP8 cache) and mask it (past the split, causal); its row maxima
+        """Scale ``S`` of pair ``pair``'s tile A or B (``which``) to base 2 and mask it (past the split, causal); its row maxima
         into ``tile_max``. One branch per tile, selects within it: a branch per element (the
         obvious ``if`` inside the loop) made the instruction fetch the top stall."""
         tile_start = c.start + (2 * pair + which) * self.tile
         for i in cutlass.range_constexpr(cute.size(acc_s)):
-            if cutlass.const_expr(c.tok_scale is not None):
-                acc_s[i] = acc_s[i] * (c.scale_log2 * self._token_scale_of(c, i, pair, which))
-            else:
-                acc_s[i] = acc_s[i] * c.scale_log2
+            acc_s[i] = acc_s[i] * c.scale_log2
         if tile_start + self.tile > cutlass.min(c.end, c.first_t + 1):
             # the first masked column of each of this thread's two rows, from the tile start
             bound0 = cutlass.min(c.end, c.first_t + 1 + (c.row0 + c.my_rows[0]) // c.num_heads)

@@ -151,70 +151,33 @@ def _mla_decode_args(heads: int, page_size: int, *, split: bool) -> tuple[Any, .
     return tensors + scalars
 
 
-def _mla_decode_fp8_args(heads: int, page_size: int, *, split: bool, per_token: bool):
-    """Example arguments of the FP8 MLA decode: the bf16 ones with the cache as bytes and a
-    scale tensor (one, or one per token slot) after it."""
-    import torch
-
-    from tokenspeed.kernels.cute_ops.common import cute_tensor as _cute_tensor
-
-    q, _, *rest = _mla_decode_args(heads, page_size, split=split)
-    cache = _cute_tensor(torch.empty(64 * page_size * 576, dtype=torch.uint8))
-    scale = _cute_tensor(torch.empty(64 * page_size if per_token else 1), 4)
-    return (q, cache, scale, *rest)
-
-
 def _mla_decode_fp8_regs_args(heads: int, page_size: int):
-    """Example arguments of the register-widening FP8 decode: the FP8 ones (per-token scales,
-    one split) with the query as 32-bit words, its pairs of values."""
+    """Example arguments of the FP8 (register-widening) MLA decode: the bf16 ones (one split)
+    with the query as 32-bit words, its pairs of values, the cache as bytes in token rows and
+    a per-token scale tensor after it."""
     import torch
 
     from tokenspeed.kernels.cute_ops.common import cute_tensor as _cute_tensor
 
-    _, _, *rest = _mla_decode_fp8_args(heads, page_size, split=False, per_token=True)
+    _, _, *rest = _mla_decode_args(heads, page_size, split=False)
     query = _cute_tensor(torch.empty(4 * heads, 288, dtype=torch.int32))
-    cache = _cute_tensor(torch.empty(64 * page_size, 576, dtype=torch.uint8))  # token rows
-    return (query, cache, *rest)
-
-
-def _mla_decode_persistent_args(rows: int, page_size: int, ctas: int = 132):
-    """Example arguments of the persistent MLA decode: the bf16 ones (``rows`` heads of one
-    query token) with two part slots per CTA, the part counts, and the grid size."""
-    import cuda.bindings.driver as cuda
-    import torch
-    from cutlass import Float32, Int32
-
-    from tokenspeed.kernels.cute_ops.common import cute_tensor as _cute_tensor
-
-    q, kv, bt, seq, out, lse, *_ = _mla_decode_args(rows, page_size, split=False)
-    parts = (
-        _cute_tensor(torch.empty(2 * ctas * rows, 512)),
-        _cute_tensor(torch.empty(2 * ctas * rows), 4),
-        _cute_tensor(torch.zeros(4096, dtype=torch.int32), 4),
-    )
-    scalars = (Float32(0.1), Int32(1), Int32(rows), Int32(page_size), Int32(bt.shape[0]),
-               Int32(1), Int32(ctas), cuda.CUstream(0))  # fmt: skip
-    return (q, kv, bt, seq, out, lse, *parts, *scalars)
+    cache = _cute_tensor(torch.empty(64 * page_size, 576, dtype=torch.uint8))
+    scale = _cute_tensor(torch.empty(64 * page_size), 4)
+    return (query, cache, scale, *rest)
 
 
 def main() -> None:
-    """Report the MLA decode kernels: KV tokens on M (16/64 rows), the persistent grid,
-    64 rows on M (seesaw of one tile, of pairs), FP8 (tokens on M, in registers, pairs)."""
+    """Report the MLA decode kernels the plan picks: KV tokens on M (16/64 rows), 64 rows on M
+    (pairs of tiles), FP8 widened in registers (16/32/64 rows)."""
     from tokenspeed.mla.cute_decode import MlaDecodeSm90
-    from tokenspeed.mla.cute_decode_fp8 import MlaDecodeFp8Sm90
     from tokenspeed.mla.cute_decode_fp8_regs import MlaDecodeFp8RegsSm90
     from tokenspeed.mla.cute_decode_fp8_regs64 import MlaDecodeFp8Regs64Sm90
-    from tokenspeed.mla.cute_decode_persistent import MlaDecodePersistentSm90
-    from tokenspeed.mla.cute_seesaw import MlaDecodeSeesawSm90
     from tokenspeed.mla.cute_seesaw_pairs import MlaDecodeSeesawPairsSm90
-    from tokenspeed.mla.cute_seesaw_pairs_fp8 import MlaDecodeSeesawPairsFp8Sm90
 
     cases = [
         ("tokens-on-M, 16 rows, page 64", MlaDecodeSm90(16, 1, 64, 2, False, True), 16, 64, 0),
         ("tokens-on-M, 64 rows, page 16, split", MlaDecodeSm90(64, 2, 16, 2, True, False), 64,
          16, 1),
-        ("rows-on-M seesaw, page 64", MlaDecodeSeesawSm90(64, False, True), 64, 64, 0),
-        ("rows-on-M seesaw, page 16, split", MlaDecodeSeesawSm90(16, True, False), 64, 16, 1),
         ("rows-on-M pairs, page 64", MlaDecodeSeesawPairsSm90(64, False, True, True), 64, 64, 0),
         ("rows-on-M pairs, rope blocks early", MlaDecodeSeesawPairsSm90(64, False, True, True,
          rope_early=True), 128, 64, 0),
@@ -224,12 +187,6 @@ def main() -> None:
     for name, kernel, heads, page, split in cases:
         report = compile_report(kernel, *_mla_decode_args(heads, page, split=bool(split)))
         print(f"{name:<40} {report}")
-    persistent = MlaDecodePersistentSm90(32, 64, True)
-    report = compile_report(persistent, *_mla_decode_persistent_args(32, 64))
-    print(f"{'persistent grid, 32 rows, page 64':<40} {report}")
-    fp8 = MlaDecodeFp8Sm90(32, 64, 2, 1, False, True, per_token=True, converter_wgs=2)
-    report = compile_report(fp8, *_mla_decode_fp8_args(32, 64, split=False, per_token=True))
-    print(f"{'FP8 cache, 32 rows, 2 + 1, two converters':<40} {report}")
     for rows, slots in ((16, 4), (32, 4)):  # the plan's register-widening FP8 kernels
         regs = MlaDecodeFp8RegsSm90(rows, 64, slots, False, True, per_token=True)
         report = compile_report(regs, *_mla_decode_fp8_regs_args(rows, 64))
@@ -237,9 +194,6 @@ def main() -> None:
     regs64 = MlaDecodeFp8Regs64Sm90(64, 3, False, True, per_token=True)
     report = compile_report(regs64, *_mla_decode_fp8_regs_args(64, 64))
     print(f"{'FP8 cache, 64 rows, in registers':<40} {report}")
-    fp8_pairs = MlaDecodeSeesawPairsFp8Sm90(32, 2, False, True, per_token=True)
-    report = compile_report(fp8_pairs, *_mla_decode_fp8_args(64, 64, split=False, per_token=True))
-    print(f"{'FP8 cache, 64 rows, pairs, 2 FP8 slots':<40} {report}")
 
 
 if __name__ == "__main__":

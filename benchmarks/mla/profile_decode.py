@@ -1,7 +1,7 @@
 """One CuTe MLA decode call at FlashMLA's shape, bracketed for Nsight Compute.
 
     ncu --profile-from-start off --set full -o REPORT \\
-        python3 benchmarks/mla/profile_decode.py --heads 32 [--config '{"layout": "heads"}']
+        python3 benchmarks/mla/profile_decode.py --heads 32 [--config '{"layout": "pairs"}']
     ... --kernel flashinfer     # the peer (FlashInfer's SM90 MLA kernel), where installed
     ... --heads 16 --fp8 token  # an e4m3 cache with per-token scales (or ``tensor``)
 

@@ -84,42 +84,7 @@ def variants(
     if importlib.util.find_spec("cutlass") is not None and fp8:
         from tokenspeed.mla import cute_decode
 
-        # 16-bit tiles + FP8 slots of the converter pipeline (cute_decode_fp8.py); "x2": two
-        # converter warp groups; "ablation no_mma": the consumer without its products (where
-        # the time goes; output wrong by design)
-        one = {"layout": "tokens", "converter_wgs": 1}
-        two = {"layout": "tokens", "converter_wgs": 2}
-        rings = {
-            "2+1": {"stages": 2, "fp8_stages": 1, **one},
-            "2+1 x2": {"stages": 2, "fp8_stages": 1, **two},
-            "1+3": {"stages": 1, "fp8_stages": 3, **one},
-            "1+3 x2": {"stages": 1, "fp8_stages": 3, **two},
-            "2+1 ablation no_mma": {"stages": 2, "fp8_stages": 1, "ablation": "no_mma", **one},
-            "2+1 x2 ablation no_mma": {"stages": 2, "fp8_stages": 1, "ablation": "no_mma", **two},
-            "2+1 x2 ablation l2_loads": {
-                "stages": 2,
-                "fp8_stages": 1,
-                "ablation": "l2_loads",
-                **two,
-            },
-        }
-        # bf16 products (the tokens kernel's until the twenty-seventh session; f16 since, the
-        # converters widening by one hardware conversion per pair of values)
-        bf16 = {"mma_dtype": "bf16"}
-        rings["2+1 x2 bf16"] = {"stages": 2, "fp8_stages": 1, **two, **bf16}
-        rings["2+1 x2 bf16 ablation no_mma"] = {"stages": 2, "fp8_stages": 1,
-                                                "ablation": "no_mma", **two, **bf16}  # fmt: skip
-        # 64 rows a CTA (cute_seesaw_pairs_fp8.py): two f16 stages of 32 tokens behind two
-        # (or four) FP8 slots of 32, widened by threads of 72 (or 40, 56) registers
-        pairs = {"layout": "pairs"}
-        rings["pairs 2+2"] = {**pairs, "fp8_stages": 2}
-        rings["pairs 2+4"] = {**pairs, "fp8_stages": 4}
-        rings["pairs 2+2 ablation no_widen"] = {**pairs, "ablation": "no_widen"}
-        for regs in (40, 56):
-            rings[f"pairs 2+2 w{regs}"] = {**pairs, "fp8_stages": 2, "widener_regs": regs}
-        # bf16 products (the default until the twenty-seventh session: about four integer
-        # ops and a multiply per pair of values instead of one f16 conversion)
-        rings["pairs 2+2 bf16"] = {**pairs, "mma_dtype": "bf16"}
+        rings: dict[str, dict[str, Any]] = {}
         # 16-32 rows widened in the consumers' registers (cute_decode_fp8_regs.py): four FP8
         # slots (the plan's), three or five, and the ring filled from L2
         regs = {"layout": "regs"}
@@ -157,21 +122,10 @@ def variants(
         configs: list[tuple[str, dict[str, Any]]] = [("cute", {}), ("cute x2", {"num_splits": 2})]
         # the layouts and rings the plan did not pick, to keep its choice honest
         if rows <= 32:
-            configs.append(("cute heads", {"layout": "heads"}))
+            configs.append(("cute pairs", {"layout": "pairs"}))
             configs.append(("cute tokens 2 groups", {"layout": "tokens", "wgs": 2}))
-            # one CTA per SM with equal shares of all requests' tiles (and the one-CTA-per-
-            # request grid, named, to compare with whatever the plan picks)
-            configs.append(("cute persistent", {"layout": "tokens", "persistent": 1}))
-            configs.append(("cute per request", {"layout": "tokens", "persistent": 0}))
-            configs.append(
-                (
-                    "cute persistent ablation l2_loads",
-                    {"layout": "tokens", "persistent": 1, "ablation": "l2_loads"},
-                )
-            )
         else:
             configs.append(("cute tokens", {"layout": "tokens"}))
-            configs.append(("cute heads", {"layout": "heads"}))  # the one-tile seesaw
             configs.append(("cute pairs", {"layout": "pairs"}))  # the default, named
             # the pairs kernel's tiles: 64 tokens (a ring of one pair) or 32 (a ring of two),
             # O rescaled by every thread or only where a row's max moved ("lazy"); the stage
@@ -189,13 +143,11 @@ def variants(
         # 2026-12-02)
         configs += [("cute no page prefetch", {"page_prefetch": 0})]
         # leaving products out or loading from L2 (benchmark-only); the pairs kernel, the
-        # default from 64 rows, has only the L2 one, so there the others place the one-tile
-        # seesaw's time
-        ablated = {} if rows <= 32 else {"layout": "heads"}
-        configs += [
-            (f"cute ablation {a}", {"ablation": a, **ablated})
-            for a in ("no_values", "no_scores", "no_mma", "l2_loads")
-        ]
+        # default from 64 rows, has only the L2 one (the tokens kernel all four)
+        ablations = (
+            ("no_values", "no_scores", "no_mma", "l2_loads") if rows <= 32 else ("l2_loads",)
+        )
+        configs += [(f"cute ablation {a}", {"ablation": a}) for a in ablations]
         if rows > 32:
             for name, tiles in (("t64", (64, 0, 0)), ("t32", (32, 0, 0)),
                                 ("t32 lazy", (32, 1, 0)), ("t64 rope", (64, 0, 1))):  # fmt: skip

@@ -171,7 +171,7 @@ def trace_pairs(heads: int, config: dict[str, Any] | None, ctas: int) -> dict[st
     _TRACE = torch.zeros(ctas, 2, MAX_PAIRS, EVENTS, dtype=torch.int64, device="cuda")
 
     def traced(kernel: Any, spec: dict[str, Any]) -> Any:
-        if spec["layout"] != "pairs" or spec["persistent"] or spec["fp8"]:
+        if spec["layout"] != "pairs" or spec["fp8"]:
             raise SystemExit("traces the pairs kernel only (64+ rows per request, bf16)")
         kernel.__class__ = traced_class(type(kernel), _TRACE.data_ptr(), ctas)
         return kernel

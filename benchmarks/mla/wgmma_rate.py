@@ -60,7 +60,7 @@ def _rate_kernel(
     from cutlass.cute.nvgpu import warpgroup
 
     from tokenspeed.kernels.cute_ops.common import vector_at
-    from tokenspeed.mla.cute_decode_fp8 import e4m3x2_to_f16x2
+    from tokenspeed.mla.fp8_widen import e4m3x2_to_f16x2
 
     if feed and not a_in_regs:
         raise ValueError("--feed builds the A operand in registers")

@@ -64,15 +64,12 @@ def _check(out, lse, exp, exp_lse, seq):
     assert torch.all(out[~live] == 0) and torch.all(lse[~live] == float("-inf"))
 
 
-# the three kernels: KV tokens on M; 64 rows on M with two warp groups taking turns on a
-# tile; 64 rows on M with each group scoring its own tile of a pair; each also with plain KV
-# loads (no L2 evict-first hint)
+# the two bf16 kernels: KV tokens on M; 64 rows on M with each group scoring its own tile of
+# a pair; each also with plain KV loads (no L2 evict-first hint)
 LAYOUTS = {
     "tokens": {"layout": "tokens"},
-    "heads": {"layout": "heads"},
     "pairs": {"layout": "pairs"},
     "tokens plain": {"layout": "tokens", "evict_first": 0},
-    "heads plain": {"layout": "heads", "evict_first": 0},
     "pairs plain": {"layout": "pairs", "evict_first": 0},
     "pairs t64": {"layout": "pairs", "tile": 64, "lazy_rescale": 0, "rope_early": 0},
     "pairs t32": {"layout": "pairs", "tile": 32, "lazy_rescale": 1, "rope_early": 0},
@@ -103,7 +100,7 @@ def test_page_sizes(page, layout):
     _check(out, lse, *_expected(q, cache, tables, seq), seq)
 
 
-@pytest.mark.parametrize("layout", ["heads", "pairs", "pairs t32"])
+@pytest.mark.parametrize("layout", ["pairs", "pairs t32"])
 def test_64_row_layouts_pad_odd_rows_and_three_query_tokens(layout):
     """48 rows per request (16 heads x 3 tokens) pad a 64-row block; the causal block holds."""
     lens = [513, 3, 64, 2048]
@@ -167,7 +164,7 @@ def test_registry_picks_it_and_plans_its_workspace():
     torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("layout,heads", [("heads", 32), ("pairs", 32), ("tokens", 48)])
+@pytest.mark.parametrize("layout,heads", [("pairs", 32), ("tokens", 48)])
 def test_one_request_smaller_than_a_row_block(layout, heads):
     """One request of fewer rows than the CTA's block: the query is padded for the TMA box."""
     q, cache, tables, seq = _problem([700], heads, 1, 64, seed=heads)
@@ -175,75 +172,7 @@ def test_one_request_smaller_than_a_row_block(layout, heads):
     _check(out, lse, *_expected(q, cache, tables, seq), seq)
 
 
-# -- the persistent grid (cute_decode_persistent.py): one CTA per SM, requests cut into parts --
-
-PERSISTENT = {"layout": "tokens", "persistent": 1}
-
-
-@pytest.mark.parametrize(
-    "heads,q_len,rows",
-    [(16, 1, 16), (32, 1, 32), (8, 3, 32), (16, 2, 32), (32, 2, 32), (20, 1, 16)],
-)
-@pytest.mark.parametrize(
-    "lens",
-    [
-        [1000, 64, 3, 777, 0, 130, 66, 5000],  # parts of many CTAs each; an empty request
-        [0, 100, 30],  # fewer tiles than CTAs: most CTAs idle
-        [4096] * 128,  # FlashMLA's batch: about two parts per request
-        [65] * 300,  # more requests than CTAs: several whole requests per CTA
-    ],
-    ids=["ragged", "tiny", "flashmla", "many"],
-)
-def test_persistent_grid(heads, q_len, rows, lens):
-    """Row blocks (32 heads x 2 tokens: two per request), padded rows (20 heads in 16-row
-    blocks), parts merged across CTAs, and the counts left at zero for the next launch."""
-    from tokenspeed.mla import cute_decode_persistent
-
-    lens = [max(n, q_len) if n else 0 for n in lens]
-    q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads + q_len + len(lens))
-    config = {**PERSISTENT, "rows": rows}
-    out, lse = _run(q, cache, tables, seq, config=config)
-    _check(out, lse, *_expected(q, cache, tables, seq), seq)
-    again, _ = _run(q, cache, tables, seq, config=config)
-    assert torch.equal(again, out)  # the same parts, merged the same way
-    for counts in cute_decode_persistent._COUNTS.values():
-        assert int(counts.abs().sum()) == 0
-
-
-@pytest.mark.parametrize("page", [16, 32, 128])
-def test_persistent_page_sizes(page):
-    lens = [300, 17, 256, 0, 1500]
-    q, cache, tables, seq = _problem(lens, 32, 1, page, seed=page + 1)
-    out, lse = _run(q, cache, tables, seq, config=PERSISTENT)
-    _check(out, lse, *_expected(q, cache, tables, seq), seq)
-
-
-def test_persistent_cuda_graph_replay_with_new_lengths():
-    from tokenspeed.mla import configs, cute_decode
-
-    lens = [900, 300, 5000]
-    q, cache, tables, seq = _problem(lens, 16, 1, 64, seed=13)
-    out = torch.empty(3, 1, 16, 512, dtype=torch.bfloat16, device="cuda")
-    plan = configs.cute_decode_plan(3, 1, 16, tables.shape[1] * 64, 64, config=PERSISTENT)
-    workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device="cuda")
-
-    def step():
-        cute_decode.mla_decode(q, cache, tables, seq, SCALE, out=out, workspace=workspace,
-                               config=PERSISTENT)  # fmt: skip
-
-    step()  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for new in ([128, 960, 4000], [0, 5000, 1]):
-        seq.copy_(torch.tensor(new, dtype=torch.int32))
-        graph.replay()
-        torch.cuda.synchronize()
-        exp, _ = _expected(q, cache, tables, seq)
-        torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
-
-
-# -- FP8 cache (cute_decode_fp8.py): the loader / converter / consumer pipeline ----------------
+# -- FP8 cache, 16 or 32 rows widened in registers (cute_decode_fp8_regs.py) ------------------
 
 
 def _fp8(cache, per_token: bool):
@@ -266,16 +195,8 @@ def _expected_fp8(q, cache8, scale, tables, seq):
                                 kv_scale=scale)  # fmt: skip
 
 
-_TOKENS = {"layout": "tokens"}
 FP8_CONFIGS = {
-    # the tokens kernel (16-bit tiles widened by converter groups): its rings, and bf16
-    # products (f16 by default: widened by hardware conversion, the query as f16)
-    "ring 1+3": {**_TOKENS, "stages": 1, "fp8_stages": 3},
-    "ring 2+1": {**_TOKENS, "stages": 2, "fp8_stages": 1},
-    "ring 2+1, two converter groups": {**_TOKENS, "stages": 2, "fp8_stages": 1, "converter_wgs": 2},
-    "bf16 products": {**_TOKENS, "mma_dtype": "bf16"},
-    # widened in the consumers' registers (cute_decode_fp8_regs.py): the plan's five FP8
-    # slots, and two (each consumer group one tile in flight)
+    # the plan's four FP8 slots, and two (each consumer group one tile in flight)
     "registers": {"layout": "regs"},
     "registers, two slots": {"layout": "regs", "fp8_stages": 2},
     # the running max kept while no score passes it by more than 8 (log2 units)
@@ -323,15 +244,13 @@ def test_fp8_regs_max_slack(heads, q_len, gain, slack):
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
-@pytest.mark.parametrize("layout", ["tokens", "pairs", "regs"])
+@pytest.mark.parametrize("heads", [16, 32])
 @pytest.mark.parametrize("page", [16, 32, 128])
-def test_fp8_cache_page_sizes(page, layout):
+def test_fp8_cache_page_sizes(page, heads):
     lens = [300, 17, 256, 0]
-    heads = 64 if layout == "pairs" else 16
     q, cache, tables, seq = _problem(lens, heads, 1, page, seed=page)
     cache8, scale = _fp8(cache, True)
-    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale,
-                    config={"layout": layout})  # fmt: skip
+    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale)
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
@@ -352,16 +271,16 @@ def test_fp8_registry_picks_it_at_any_head_count():
     torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("layout", ["tokens", "regs", "plan"])
+@pytest.mark.parametrize("layout", ["regs", "plan"])
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("heads,q_len", [(64, 1), (32, 2), (128, 1), (24, 3)])
 def test_fp8_cache_more_than_32_rows(heads, q_len, per_token, layout):
-    """The plan's blocks of 64 rows (the 64-row register kernel), or blocks of 32 rows of the tokens
-    or register kernel, each CTA reading the cache for its own block."""
+    """The plan's blocks of 64 rows (the 64-row register kernel), or blocks of 32 rows of the
+    16/32-row register kernel on request, each CTA reading the cache for its own block."""
     lens = [700, 0, q_len, 300]
     q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads * q_len)
     cache8, scale = _fp8(cache, per_token)
-    config = None if layout == "plan" else {"layout": layout}
+    config = None if layout == "plan" else {"layout": layout, "rows": 32}
     out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=scale, config=config)
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
@@ -426,36 +345,9 @@ def test_fp8_regs_page_prefetch(heads, q_len, page, prefetch):
     _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
 
 
-# -- FP8 cache, 64 rows a CTA (cute_seesaw_pairs_fp8.py): the pairs kernel behind an FP8 ring --
-
-
-# the plan's ring (two FP8 slots, 72 registers a widening thread, f16 products: widened by
-# hardware conversion, past-the-end tokens as zeros), a deeper one, and bf16 products
-FP8_PAIRS_RINGS = {
-    "ring2": {},
-    "ring4w40": {"fp8_stages": 4, "widener_regs": 40},
-    "bf16": {"mma_dtype": "bf16"},
-}
-
-
-@pytest.mark.parametrize("ring", list(FP8_PAIRS_RINGS))
+@pytest.mark.parametrize("heads", [16, 32, 64])
 @pytest.mark.parametrize("per_token", [False, True])
-@pytest.mark.parametrize("heads,q_len", [(64, 1), (128, 1), (32, 2), (16, 3), (24, 3)])
-@pytest.mark.parametrize("splits", [1, 3])
-def test_fp8_pairs_ragged(heads, q_len, splits, per_token, ring):
-    """Odd and even tile counts (a pair without its tile B), one request shorter than a tile,
-    an empty one, causal query blocks, rows past the request in the last block."""
-    lens = [1000, 64, q_len, 777, 0, q_len + 63, 31]
-    q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=7 * heads + q_len + splits)
-    cache8, scale = _fp8(cache, per_token)
-    out, lse = _run(q, cache8, tables, seq, num_splits=splits, kv_scale=scale,
-                    config={"layout": "pairs", **FP8_PAIRS_RINGS[ring]})  # fmt: skip
-    _check(out, lse, *_expected_fp8(q, cache8, scale, tables, seq), seq)
-
-
-@pytest.mark.parametrize("heads,layout", [(16, "tokens"), (64, "pairs"), (32, "regs")])
-@pytest.mark.parametrize("per_token", [False, True])
-def test_fp8_f16_query_range(per_token, heads, layout):
+def test_fp8_f16_query_range(per_token, heads):
     """f16 products take the query scaled by 2^-4: dims of 1e5 (past f16's 65504 unscaled)
     and of 1e-3 (subnormal in f16 once scaled) still match the reference."""
     lens = [900, 64, 333]
@@ -465,19 +357,11 @@ def test_fp8_f16_query_range(per_token, heads, layout):
     scale[64:128] = 1e-3  # ... some tiny
     q = (q.float() * scale).bfloat16()
     cache8, kv_scale = _fp8(cache, per_token)
-    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=kv_scale,
-                    config={"mma_dtype": "f16", "layout": layout})  # fmt: skip
+    out, lse = _run(q, cache8, tables, seq, num_splits=2, kv_scale=kv_scale)
     _check(out, lse, *_expected_fp8(q, cache8, kv_scale, tables, seq), seq)
 
 
-FP8_LAYOUTS = {
-    "tokens": {"layout": "tokens"},
-    "pairs": {"layout": "pairs"},
-    "tokens bf16": {"layout": "tokens", "mma_dtype": "bf16"},
-    "pairs bf16": {"layout": "pairs", "mma_dtype": "bf16"},
-    "regs": {"layout": "regs"},
-    "regs64": REGS64,
-}
+FP8_LAYOUTS = {"regs": {"layout": "regs"}, "regs64": REGS64}
 
 
 @pytest.mark.parametrize("layout", list(FP8_LAYOUTS))
@@ -511,9 +395,7 @@ def test_fp8_every_byte_widens_exactly(per_token, layout):
     torch.testing.assert_close(lse[:, 0], score * SCALE, atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize(
-    "heads,layout", [(16, "tokens"), (128, "pairs"), (16, "regs"), (64, "regs64")]
-)
+@pytest.mark.parametrize("heads,layout", [(16, "regs"), (32, "regs"), (64, "regs64")])
 def test_fp8_cuda_graph_replay_with_new_lengths(heads, layout):
     from tokenspeed.mla import configs, cute_decode
 

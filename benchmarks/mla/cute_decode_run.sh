@@ -1,0 +1,25 @@
+# The GPU calls that check and time the CuTe MLA decodes the plan picks (bf16: tokens on M up
+# to 32 rows, pairs of tiles above; FP8: widened in registers, 16/32/64-row blocks):
+#   run(command="bash benchmarks/mla/cute_decode_run.sh tests", carry=[".whl-peer"])
+#   run(command="bash benchmarks/mla/cute_decode_run.sh readings", carry=[".whl-peer"])
+# after `bash benchmarks/mla/peer_wheels.sh` here. "tests": every CuTe decode GPU test, the MLA
+# kernel tests and the DeepSeek-V3 engine tests (~500 s on an H100); "readings": every
+# FlashMLA shape's registry, FlashInfer beside bf16, then FP8 at q_len 1 and 2 (~400 s).
+source benchmarks/mla/peer_wheels.sh --install
+if [ "${1:-}" = "tests" ]; then
+  # the log comes back with $OUT even when the limit cuts the run short (its dots count)
+  timeout 540 python3 -m pytest tests/gpu/test_mla_cute_gpu.py tests/gpu/test_mla_gpu.py \
+    tests/gpu/test_deepseek_gpu.py -p no:cacheprovider -q -x --durations=15 \
+    > $OUT/gpu_tests.log 2>&1
+  grep -v Warning $OUT/gpu_tests.log | tail -25
+elif [ "${1:-}" = "readings" ]; then
+  timeout 240 python3 benchmarks/mla/sweep_decode.py --heads 16,32,64,128 --interleave 6 \
+    --variants "registry,flashinfer fa3" --out $OUT/sweep_bf16_registry_all.json 2>&1 | tail -10
+  timeout 300 python3 benchmarks/mla/sweep_decode.py --heads 16,32,64,128 --q-lens 1,2 \
+    --fp8 token --interleave 6 --variants "registry" \
+    --out $OUT/sweep_fp8_registry_all.json 2>&1 | tail -10
+else
+  echo "usage: cute_decode_run.sh tests|readings" >&2
+  exit 2
+fi
+nvidia-smi --query-gpu=name,clocks.sm --format=csv
