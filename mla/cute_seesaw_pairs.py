@@ -5,9 +5,10 @@ consumer warp groups that score *two* KV tiles at once and hand the softmax over
 A one-tile seesaw (the ``heads`` layout of the early sessions, removed in the thirty-ninth)
 gave every tile to one owner group: the owner scored it and ran its softmax while the other
 group waited, so the tensor cores idled during every softmax (the profile in docs/mla.md: half
-the stall samples at 128 heads were the groups waiting on each other). Here the tiles go in pairs ``(A, B)``, A in one ring stage and B in the next, and each
-group scores its own tile of the pair (group 0 tile A, group 1 tile B). ``O[64, 512]`` is
-split by columns: group 0 owns ``O_L`` (dims 0-255), group 1 ``O_R`` (256-511). One pair:
+the stall samples at 128 heads were the groups waiting on each other). Here the tiles go in
+pairs ``(A, B)``, A in one ring stage and B in the next, and each group scores its own tile of
+the pair (group 0 tile A, group 1 tile B). ``O[64, 512]`` is split by columns: group 0 owns
+``O_L`` (dims 0-255), group 1 ``O_R`` (256-511). One pair:
 
 1. [0] ``m0 = max(m, rowmax S_A)``, ``scale0 = exp2(m - m0)``; publish both; ``P_A`` (to
    ``m0``) in registers, ``O_L = O_L * scale0 + P_A @ V_AL`` (``P`` straight from registers),
@@ -808,9 +809,10 @@ class MlaDecodeSeesawPairsSm90(KvRingProducer, TwoGroupRows):
 
     @cute.jit
     def _mask_and_max(self, c, acc_s, tile_max, pair, which: cutlass.Constexpr):
-        """Scale ``S`` of pair ``pair``'s tile A or B (``which``) to base 2 and mask it (past the split, causal); its row maxima
-        into ``tile_max``. One branch per tile, selects within it: a branch per element (the
-        obvious ``if`` inside the loop) made the instruction fetch the top stall."""
+        """Scale ``S`` of pair ``pair``'s tile A or B (``which``) to base 2 and mask it (past
+        the split, causal); its row maxima into ``tile_max``. One branch per tile, selects
+        within it: a branch per element (the obvious ``if`` inside the loop) made the
+        instruction fetch the top stall."""
         tile_start = c.start + (2 * pair + which) * self.tile
         for i in cutlass.range_constexpr(cute.size(acc_s)):
             acc_s[i] = acc_s[i] * c.scale_log2
