@@ -1,13 +1,14 @@
 """Summarise where a profiled kernel's warps stall, from Nsight Compute's per-instruction CSV.
 
     ncu --import REPORT.ncu-rep --page source --csv --print-source sass > source.csv
-    python tools/ncu_stalls.py source.csv [--top 20] [--by-opcode]
+    python tools/ncu_stalls.py source.csv [--top 20] [--by-opcode] [--kernel NAME]
 
 Prints the total warp-state samples, the stall reasons by share, and the instructions that
 hold the most samples with their top three reasons: which barrier or wait a kernel spends its
 time on (``benchmarks/results/*_stalls.txt`` are its output). ``--by-opcode`` adds the same
 per opcode with its executed count: the instruction mix, and which kind of instruction the
-stalls land on.
+stalls land on. ``--kernel`` picks one kernel of a report that holds several (default: the
+first).
 """
 
 from __future__ import annotations
@@ -28,10 +29,25 @@ def _num(text: str) -> float:
         return 0.0
 
 
-def _read(path: Path) -> tuple[dict[str, int], list[list[str]], list[str], float]:
-    """The CSV's column index, instruction rows, stall-reason columns and total samples (its
-    first line names the kernel, the second is the header)."""
-    rows = list(csv.reader(path.open()))
+def _section(rows: list[list[str]], kernel: str | None) -> list[list[str]]:
+    """One kernel's rows: a report of several kernels (a split-KV launch and its merge) has a
+    section per kernel, each opened by a ``"Kernel Name"`` line; the first whose name contains
+    ``kernel`` (or the first of all) is kept."""
+    starts = [i for i, r in enumerate(rows) if r and r[0] == "Kernel Name"] or [0]
+    for begin, end in zip(starts, [*starts[1:], len(rows)], strict=True):
+        name = rows[begin][1] if len(rows[begin]) > 1 else ""
+        if kernel is None or kernel in name:
+            return rows[begin:end]
+    names = [rows[i][1] for i in starts if len(rows[i]) > 1]
+    raise SystemExit(f"no kernel matching {kernel!r} in the report (it has {names})")
+
+
+def _read(
+    path: Path, kernel: str | None = None
+) -> tuple[dict[str, int], list[list[str]], list[str], float]:
+    """The CSV's column index, instruction rows, stall-reason columns and total samples of one
+    kernel (a section's first line names the kernel, the second is the header)."""
+    rows = _section(list(csv.reader(path.open())), kernel)
     header, data = rows[1], rows[2:]
     col = {name: i for i, name in enumerate(header)}
     reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
@@ -39,9 +55,9 @@ def _read(path: Path) -> tuple[dict[str, int], list[list[str]], list[str], float
     return col, data, reasons, total
 
 
-def summarise(path: Path, top: int = 20) -> str:
+def summarise(path: Path, top: int = 20, kernel: str | None = None) -> str:
     """The report as text: stall reasons, then the instructions with the most samples."""
-    col, data, reasons, total = _read(path)
+    col, data, reasons, total = _read(path, kernel)
     lines = [f"total samples {int(total)}"]
     by_reason = {s: sum(_num(r[col[s]]) for r in data) for s in reasons}
     for name, value in sorted(by_reason.items(), key=lambda kv: -kv[1])[:10]:
@@ -64,9 +80,9 @@ def opcode(source: str) -> str:
     return op if op.startswith(("HGMMA", "LDS", "STS", "F2FP")) else op.split(".")[0]
 
 
-def by_opcode(path: Path, top: int = 20) -> str:
+def by_opcode(path: Path, top: int = 20, kernel: str | None = None) -> str:
     """Samples, executed warp instructions and the top three stall reasons per opcode."""
-    col, data, reasons, total = _read(path)
+    col, data, reasons, total = _read(path, kernel)
     samples: Counter[str] = Counter()
     executed: Counter[str] = Counter()
     why: defaultdict[str, Counter[str]] = defaultdict(Counter)
@@ -92,10 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("csv", type=Path)
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--by-opcode", action="store_true", help="also the table per opcode")
+    parser.add_argument(
+        "--kernel", default=None, help="the kernel whose section to read (a part of its name)"
+    )
     args = parser.parse_args(argv)
-    print(summarise(args.csv, args.top))
+    print(summarise(args.csv, args.top, args.kernel))
     if args.by_opcode:
-        print(by_opcode(args.csv, args.top))
+        print(by_opcode(args.csv, args.top, args.kernel))
     return 0
 
 

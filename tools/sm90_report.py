@@ -87,6 +87,10 @@ def _arg_type(value: Any) -> tuple[str, bool]:
         return kind, value % 16 == 0
     if isinstance(value, float):
         return "fp32", False
+    if type(value).__name__ == "TensorDescriptor":  # a host-built TMA descriptor
+        from triton.runtime.jit import mangle_type
+
+        return mangle_type(value), False
     raise TypeError(f"cannot specialise an argument of type {type(value).__name__}")
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 TOOL = Path(__file__).resolve().parents[3] / "tools" / "ncu_stalls.py"
 
 CSV = """"Kernel Name","k"
@@ -47,3 +49,17 @@ def test_opcodes_gather_their_predicated_and_modified_forms(tmp_path):
     fmul = next(line for line in lines if line.split()[0] == "FMUL")
     assert fmul.split()[1:3] == ["13.5%", "ex=3500"]  # both FMULs, 14 of 104 samples
     assert "long_sb=8.7%" in fmul
+
+
+def test_a_report_of_two_kernels_is_read_one_kernel_at_a_time(tmp_path):
+    tool, path = _load(tmp_path)
+    merge = """"Kernel Name","merge"
+"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_wait"
+"0x10","FADD R1, R2, R3","7","100","7"
+"""
+    path.write_text(CSV.replace('"k"', '"split"') + merge)
+    assert tool.summarise(path).splitlines()[0] == "total samples 104"
+    lines = tool.summarise(path, kernel="merge").splitlines()
+    assert lines[0] == "total samples 7" and lines[1].split()[:2] == ["stall_wait", "7"]
+    with pytest.raises(SystemExit, match="no kernel matching 'absent'"):
+        tool.summarise(path, kernel="absent")
