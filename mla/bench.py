@@ -119,13 +119,20 @@ def decode_case(heads: int, q_len: int, fp8: bool, args: argparse.Namespace, bou
 def sweep_configs() -> list[dict[str, int]]:
     """Decode launch variants worth trying on Hopper (each compiles once)."""
     out = []
-    for block_h, block_n, warps, stages, reload in [
-        (64, 32, 8, 3, 0), (64, 32, 8, 3, 1), (64, 32, 8, 4, 0), (64, 64, 8, 2, 0),
-        (64, 64, 8, 1, 1), (64, 16, 8, 4, 1), (32, 32, 4, 3, 0), (32, 64, 4, 2, 0),
-        (16, 32, 4, 2, 0), (16, 64, 4, 3, 0),
+    for block_h, block_n, warps, stages, reload, tokens_on_m in [
+        (64, 32, 8, 3, 0, 0), (64, 32, 8, 3, 1, 0), (64, 32, 8, 4, 0, 0), (64, 64, 8, 2, 0, 0),
+        (64, 64, 8, 1, 1, 0), (64, 16, 8, 4, 1, 0), (32, 32, 4, 3, 0, 0), (32, 64, 4, 2, 0, 0),
+        (16, 32, 4, 2, 0, 0), (16, 64, 4, 3, 0, 0),
+        (32, 16, 4, 2, 0, 1), (32, 32, 4, 2, 0, 1), (64, 32, 8, 2, 0, 1), (64, 64, 8, 2, 0, 1),
     ]:  # fmt: skip
         out.append({"block_h": block_h, "block_n": block_n, "num_warps": warps,
-                    "num_stages": stages, "q_reload": reload})  # fmt: skip
+                    "num_stages": stages, "q_reload": reload,
+                    "tokens_on_m": tokens_on_m, "tma": 0})  # fmt: skip
+    # whole tiles by TMA (rows on M; pointer loads where the GPU or the page size rule it out)
+    for block_h, block_n, warps, stages in [(64, 64, 8, 2), (64, 64, 8, 3), (16, 32, 4, 2)]:
+        out.append({"block_h": block_h, "block_n": block_n, "num_warps": warps,
+                    "num_stages": stages, "q_reload": 0, "tokens_on_m": 0,
+                    "tma": 1})  # fmt: skip
     return out
 
 

@@ -210,7 +210,7 @@ def register_mla_kernels() -> None:
         "triton_decode:mla_decode",
         {"q": FLOATS, "kv_cache": FP8},
         decode_traits,
-        decode_cfg,
+        ("decode_config_space", "decode_default_config_fp8"),
         min_compute=(8, 9),
         description="Triton split-KV MLA decode over an FP8 e4m3 latent cache",
     )

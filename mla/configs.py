@@ -41,6 +41,14 @@ def num_sms() -> int:
     return 8
 
 
+@functools.cache
+def tma_capable() -> bool:
+    """Whether the current GPU has TMA (Hopper or newer); False on CPU."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
 def _grid(**axes: list[Any]) -> list[Config]:
     keys = list(axes)
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
@@ -111,29 +119,59 @@ def decode_num_splits(
     return max(range(1, cap + 1), key=efficiency)
 
 
-def decode_default_config(traits: Traits) -> Config:
+def decode_default_config(traits: Traits, allow_tma: bool = True) -> Config:
     """Untuned decode launch: 64-row blocks when the (folded) heads fill them."""
     heads, q_len = int(traits["num_heads"]), int(traits["q_len"])
     fold = fold_factor(heads, q_len)
     block_h = decode_block_h(heads * fold, MAX_BLOCK_H)
     _, _, row_blocks = decode_geometry(heads, q_len, fold, block_h)
     big = int(traits.get("kv_lora_rank", 512)) >= 256
+    splits = decode_num_splits(int(traits["batch"]), row_blocks, int(traits["kv_len"]), block_h)
+    if big and block_h == 32:
+        # 32-row blocks run transposed (KV tokens on M, 16-token tiles, 4 warps): 346 us
+        # against 491 us for rows on M at 32 heads x 4096, the same at 16 heads x 2 (H100,
+        # docs/mla.md); at 16 and 64 rows the rows-on-M layout measured faster
+        return {"block_h": 32, "block_n": 16, "num_warps": 4, "num_stages": 2, "q_reload": 0,
+                "tokens_on_m": 1, "tma": 0, "num_splits": splits}  # fmt: skip
+    tile = 64 if block_h >= 64 else 32
+    fits = int(traits.get("page_size", 0)) % tile == 0
+    if big and block_h != 32 and allow_tma and tma_capable() and fits:
+        # whole tiles by TMA (rows on M): at 64 rows 64-token tiles, 8 warps, 2 stages, 297 /
+        # 558 us against 468 / 930 us for pointer loads at 64 / 128 heads; at 16 rows 32-token
+        # tiles, 229 against 244 us (H100, docs/mla.md)
+        return {"block_h": block_h, "block_n": tile, "num_warps": 8 if block_h >= 64 else 4,
+                "num_stages": 2, "q_reload": 0, "tokens_on_m": 0, "tma": 1,
+                "num_splits": splits}  # fmt: skip
     # SMEM: q tile (BLOCK_H x 576 x 2 B) + stages x BLOCK_N x 576 x 2 B. 32-token tiles keep
-    # 64-row blocks at ~150 KiB (one CTA/SM) and 16/32-row blocks under ~110 KiB (two).
+    # 64-row blocks at ~150 KiB (one CTA/SM) and 16-row blocks under ~110 KiB (two).
     return {
         "block_h": block_h,
         "block_n": 32 if big else 16,
         "num_warps": 8 if (block_h >= 32 and big) else 4,
         "num_stages": 3 if block_h >= 64 else 2,  # measured on H200: 3 stages -8% at 64 rows
         "q_reload": 0,
-        "num_splits": decode_num_splits(
-            int(traits["batch"]), row_blocks, int(traits["kv_len"]), block_h
-        ),
+        "tokens_on_m": 0,
+        "tma": 0,
+        "num_splits": splits,
     }
 
 
+def decode_default_config_fp8(traits: Traits) -> Config:
+    """Untuned decode launch over an FP8 cache: the bf16 one without TMA (its speed over FP8
+    tiles is not measured yet; correct, `tests/gpu/test_mla_gpu.py`), with 32-token tiles
+    where it runs transposed (each tile is widened in registers before it is stored for the
+    MMAs, so larger tiles amortise more: 624 us against 670 us at 32 heads, H100,
+    docs/mla.md)."""
+    cfg = decode_default_config(traits, allow_tma=False)
+    if cfg["tokens_on_m"]:
+        cfg["block_n"] = 32
+    return cfg
+
+
 def decode_config_space(traits: Traits) -> list[Config]:
-    """What tuning tries: row blocks, KV tile, warps, pipeline depth, split counts."""
+    """What tuning tries: row blocks, KV tile, warps, pipeline depth, split counts, layout,
+    TMA (where the GPU and the page size allow it, else the launch falls back to pointer
+    loads)."""
     base = decode_default_config(traits)["num_splits"]
     splits = sorted({s for s in (1, base // 2, base, base * 2) if 1 <= s <= MAX_SPLITS})
     return [
@@ -145,8 +183,13 @@ def decode_config_space(traits: Traits) -> list[Config]:
             num_stages=[1, 2, 3],
             num_splits=splits,
             q_reload=[0, 1],
+            tokens_on_m=[0, 1],
+            tma=[0, 1],
         )
         if not (c["block_h"] == 64 and c["block_n"] == 64 and c["num_stages"] > 2)
+        # the transposed and the TMA kernels keep q in shared memory; TMA is rows on M only
+        and not ((c["tokens_on_m"] or c["tma"]) and c["q_reload"])
+        and not (c["tokens_on_m"] and c["tma"])
     ]
 
 
@@ -170,6 +213,7 @@ def plan_decode(
     num_splits: int | None = None,
     fold_sq_factor: int | None = None,
     config: Mapping[str, Any] | None = None,
+    fp8: bool = False,
 ) -> dict[str, int]:
     """The launch geometry for a decode call (shapes only): fold, blocks, splits, workspace."""
     kv_len = min(max_seq_len, capacity) if max_seq_len else capacity
@@ -181,7 +225,7 @@ def plan_decode(
         "batch": bucket(batch),
         "kv_len": bucket(kv_len),
     }
-    cfg = dict(decode_default_config(traits))
+    cfg = dict((decode_default_config_fp8 if fp8 else decode_default_config)(traits))
     cfg.update(config or {})
     fold = fold_factor(heads, q_len, fold_sq_factor)
     block_h = decode_block_h(heads * fold, int(cfg["block_h"]))
@@ -195,6 +239,8 @@ def plan_decode(
         "num_warps": int(cfg["num_warps"]),
         "num_stages": int(cfg["num_stages"]),
         "q_reload": int(cfg.get("q_reload", 0)),
+        "tokens_on_m": int(cfg.get("tokens_on_m", 0)),
+        "tma": int(cfg.get("tma", 0)),
         "rows_per_group": rows,
         "blocks_per_group": per_group,
         "row_blocks": row_blocks,

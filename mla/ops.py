@@ -102,7 +102,7 @@ def mla_decode_plan(
     plan = plan_decode(
         batch, q_len, heads, block_tables.shape[1] * kv_cache.shape[1], kv_cache.shape[1],
         kv_lora_rank=kv_lora_rank, max_seq_len=max_seq_len, num_splits=num_splits,
-        fold_sq_factor=fold_sq_factor, config=sel.config,
+        fold_sq_factor=fold_sq_factor, config=sel.config, fp8=kv_cache.element_size() == 1,
     )  # fmt: skip
     return DecodePlan(
         sel.name, plan["num_splits"], plan["fold"], plan["block_h"], plan["workspace_bytes"]

@@ -68,6 +68,21 @@ def _inputs(heads: int, q_len: int, seed: int = 0, fp8: str = "") -> dict[str, A
     }
 
 
+TRITON_CONFIGS: list[dict[str, Any]] = []  # --triton-configs: launches of the Triton decode
+
+
+def triton_config_name(cfg: dict[str, Any]) -> str:
+    """A Triton decode launch as a variant name: ``triton bh64 bn32 w8 s3 tokens``."""
+    short = {"block_h": "bh", "block_n": "bn", "num_warps": "w", "num_stages": "s",
+             "num_splits": "x", "q_reload": "qr"}  # fmt: skip
+    parts = [f"{short[k]}{v}" for k, v in cfg.items() if k in short]
+    if cfg.get("tokens_on_m"):
+        parts.append("tokens")
+    if cfg.get("tma"):
+        parts.append("tma")
+    return " ".join(["triton", *parts])
+
+
 def variants(
     heads: int, q_len: int, only: set[str] | None = None, fp8: bool = False
 ) -> list[tuple[str, Callable[..., Any]]]:
@@ -81,6 +96,12 @@ def variants(
         ("registry", lambda q, c, k, t, s, o: mla_decode(q, c, t, s, SCALE, out=o,
                                                          kv_scale=k, max_seq_len=KV_LEN)),
     ]  # fmt: skip
+    for cfg in TRITON_CONFIGS:
+        if int(cfg.get("block_h", 0)) > heads * q_len:
+            continue  # the plan would shrink the block: the same launch as a smaller one
+        out.append((triton_config_name(cfg), lambda q, c, k, t, s, o, cfg=cfg:
+                    triton_decode.mla_decode(q, c, t, s, SCALE, out=o, kv_scale=k,
+                                             max_seq_len=KV_LEN, config=cfg)))  # fmt: skip
     if importlib.util.find_spec("cutlass") is not None and fp8:
         from tokenspeed.mla import cute_decode
 
@@ -339,9 +360,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants", default=None, help="comma-separated variant names to time (default: all)"
     )
+    parser.add_argument(
+        "--triton-configs",
+        default=None,
+        help="a JSON list of Triton decode launch configs (inline or a file) timed as variants "
+        "'triton bh.. bn.. w.. s..' beside the others",
+    )
     args = parser.parse_args(argv)
     global BATCH
     BATCH = args.batch
+    if args.triton_configs:
+        text = args.triton_configs
+        if not text.lstrip().startswith("["):
+            text = Path(text).read_text()
+        TRITON_CONFIGS[:] = json.loads(text)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
@@ -355,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     for q_len in (int(x) for x in args.q_lens.split(",")):
         for heads in (int(x) for x in args.heads.split(",")):
             only = set(args.variants.split(",")) if args.variants else None
+            if only is not None:  # the configs asked for are timed whatever --variants says
+                only |= {triton_config_name(c) for c in TRITON_CONFIGS}
             results += sweep_shape(heads, q_len, bounds, args.replays, only, args.fp8,
                                    max(1, args.rounds), max(0, args.interleave))  # fmt: skip
             torch.cuda.empty_cache()

@@ -86,9 +86,86 @@ def test_decode_ragged_pages_splits(page, splits):
     _check(lse[1:], exp_lse[1:], atol=1e-2, rtol=1e-3)
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("block_h,block_n,warps", [(16, 32, 4), (32, 16, 4), (64, 32, 8)])
+@pytest.mark.parametrize("page,splits", [(1, 5), (64, None)])
+def test_decode_tokens_on_m_ragged(block_h, block_n, warps, page, splits, fp8):
+    """The transposed Triton decode (KV tokens on M) at every row block it can take, on ragged
+    batches with an empty request, bf16 and per-token FP8."""
+    from tokenspeed.mla import mla_store_kv, reference, triton_decode
+
+    if fp8 and not _fp8_ok():
+        pytest.skip("FP8 e4m3 needs compute capability >= 8.9")
+    q, cache, tables, lens = _decode_problem(9, 40, 2, 700, page, ragged=True, seed=block_h)
+    lens[0] = 0
+    scale = None
+    if fp8:
+        scale = torch.empty(cache.shape[:2], dtype=torch.float32, device="cuda")
+        flat, quant = cache.view(-1, 576), torch.empty(cache.shape, dtype=FP8, device="cuda")
+        mla_store_kv(flat[:, :512], flat[:, 512:], quant, torch.arange(flat.shape[0],
+                     device="cuda"), kv_scale=scale)  # fmt: skip
+        cache = quant
+    cfg = {"tokens_on_m": 1, "block_h": block_h, "block_n": block_n, "num_warps": warps,
+           "num_stages": 2}  # fmt: skip
+    out = torch.full((9, 2, 40, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    res, lse = triton_decode.mla_decode(q, cache, tables, lens, SCALE, out=out, return_lse=True,
+                                        kv_scale=scale, num_splits=splits, config=cfg)  # fmt: skip
+    exp, exp_lse = reference.mla_decode(q, cache, tables, lens, SCALE, kv_scale=scale,
+                                        return_lse=True)  # fmt: skip
+    _check(res, exp)
+    assert torch.all(lse[0] == float("-inf"))
+    _check(lse[1:], exp_lse[1:], atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+    reason="TMA needs compute capability >= 9.0",
+)
+@pytest.mark.parametrize("cache_kind", ["bf16", "fp8_tensor", "fp8_token"])
+@pytest.mark.parametrize("block_h,block_n,warps", [(16, 32, 4), (64, 32, 8), (64, 64, 8)])
+@pytest.mark.parametrize("splits", [None, 1, 5])
+def test_decode_tma_ragged(block_h, block_n, warps, splits, cache_kind):
+    """Whole tiles by TMA, the partial tail of each split by masked loads: ragged lengths
+    (most end mid-tile), an empty request, pages of 64, bf16 and both FP8 scalings. The
+    cache's unused slots hold NaN, which a tail tile must never let into the output."""
+    from tokenspeed.mla import mla_store_kv, reference, triton_decode
+
+    q, cache, tables, lens = _decode_problem(9, 40, 2, 700, 64, ragged=True, seed=block_n)
+    lens[0] = 0
+    used = torch.zeros(cache.shape[:2], dtype=torch.bool, device="cuda")
+    for i, n in enumerate(lens.tolist()):
+        for j in range(n):
+            used[tables[i, j // 64], j % 64] = True
+    cache[~used] = float("nan")
+    scale = None
+    if cache_kind != "bf16":
+        per_token = cache_kind == "fp8_token"
+        scale = (torch.empty(cache.shape[:2], dtype=torch.float32, device="cuda") if per_token
+                 else cache[used].float().abs().amax().reshape(1) / 448)  # fmt: skip
+        flat, quant = cache.view(-1, 576), torch.empty(cache.shape, dtype=FP8, device="cuda")
+        mla_store_kv(flat[:, :512], flat[:, 512:], quant, torch.arange(flat.shape[0],
+                     device="cuda"), kv_scale=scale)  # fmt: skip
+        cache = quant
+    cfg = {"tma": 1, "block_h": block_h, "block_n": block_n, "num_warps": warps,
+           "num_stages": 2}  # fmt: skip
+    out = torch.full((9, 2, 40, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    res, lse = triton_decode.mla_decode(q, cache, tables, lens, SCALE, out=out, return_lse=True,
+                                        kv_scale=scale, num_splits=splits, config=cfg)  # fmt: skip
+    # the reference multiplies every slot of a page (by a zero weight past the end): zero them
+    ref_cache, ref_scale = cache.clone(), scale
+    (ref_cache.view(torch.uint8) if ref_cache.element_size() == 1 else ref_cache)[~used] = 0
+    if scale is not None and scale.numel() > 1:
+        ref_scale = scale.masked_fill(~used, 0.0)
+    exp, exp_lse = reference.mla_decode(q, ref_cache, tables, lens, SCALE, kv_scale=ref_scale,
+                                        return_lse=True)  # fmt: skip
+    _check(res, exp)
+    assert torch.all(lse[0] == float("-inf"))
+    _check(lse[1:], exp_lse[1:], atol=1e-2, rtol=1e-3)
+
+
 @pytest.mark.skipif(not _fp8_ok(), reason="FP8 e4m3 needs compute capability >= 8.9")
 @pytest.mark.parametrize("per_token", [False, True])
-@pytest.mark.parametrize("heads,q_len", [(16, 1), (64, 2), (128, 1)])
+@pytest.mark.parametrize("heads,q_len", [(16, 1), (32, 1), (64, 2), (128, 1)])
 def test_decode_fp8_flashmla_shapes(heads, q_len, per_token):
     from tokenspeed.mla import mla_decode, mla_store_kv, reference
 

@@ -99,9 +99,47 @@ def test_workspace_bytes():
 def test_config_space_is_valid():
     traits = {"num_heads": 128, "q_len": 1, "kv_lora_rank": 512, "batch": 128, "kv_len": 4096}
     space = configs.decode_config_space(traits)
-    keys = {"block_h", "block_n", "num_warps", "num_stages", "num_splits", "q_reload"}
+    keys = {"block_h", "block_n", "num_warps", "num_stages", "num_splits", "q_reload",
+            "tokens_on_m", "tma"}  # fmt: skip
     assert space and all(set(c) == keys and c["block_h"] in (16, 32, 64) for c in space)
+    assert not any((c["tokens_on_m"] or c["tma"]) and c["q_reload"] for c in space)
+    assert not any(c["tokens_on_m"] and c["tma"] for c in space)
     assert set(configs.decode_default_config(traits)) == keys
+
+
+@pytest.mark.parametrize(
+    "heads,q_len,tokens_on_m", [(16, 1, 0), (32, 1, 1), (16, 2, 1), (64, 1, 0), (128, 2, 0)]
+)
+def test_decode_default_layout_by_rows(heads, q_len, tokens_on_m):
+    """32-row blocks run transposed (KV tokens on M), 16 and 64 rows keep rows on M; over an
+    FP8 cache the transposed launch takes 32-token tiles, the bf16 one 16."""
+    traits = {"num_heads": heads, "q_len": q_len, "kv_lora_rank": 512, "batch": 128,
+              "kv_len": 4096}  # fmt: skip
+    bf16, fp8 = configs.decode_default_config(traits), configs.decode_default_config_fp8(traits)
+    assert bf16["tokens_on_m"] == fp8["tokens_on_m"] == tokens_on_m
+    if tokens_on_m:
+        assert (bf16["block_h"], bf16["block_n"], fp8["block_n"]) == (32, 16, 32)
+    else:
+        assert fp8 == bf16
+    plan = configs.plan_decode(128, q_len, heads, 4096, 64, fp8=True)
+    assert plan["tokens_on_m"] == tokens_on_m and plan["block_n"] == fp8["block_n"]
+
+
+@pytest.mark.parametrize(
+    "heads,page,tma,block_n", [(16, 64, 1, 32), (64, 64, 1, 64), (64, 16, 0, 32), (32, 64, 0, 16)]
+)
+def test_decode_default_takes_tma_on_hopper_where_tiles_fit_pages(monkeypatch, heads, page, tma,
+                                                                  block_n):  # fmt: skip
+    """On a GPU with TMA, rows-on-M launches fetch whole tiles by TMA when a tile fits in a
+    page (64-token tiles at 64 rows, 32 at 16); without TMA they keep pointer loads."""
+    traits = {"num_heads": heads, "q_len": 1, "kv_lora_rank": 512, "batch": 128,
+              "kv_len": 4096, "page_size": page}  # fmt: skip
+    monkeypatch.setattr(configs, "tma_capable", lambda: True)
+    cfg = configs.decode_default_config(traits)
+    assert (cfg["tma"], cfg["block_n"]) == (tma, block_n)
+    assert configs.decode_default_config_fp8(traits)["tma"] == 0  # not measured over FP8
+    monkeypatch.setattr(configs, "tma_capable", lambda: False)
+    assert configs.decode_default_config(traits)["tma"] == 0
 
 
 def test_mla_never_imports_runtime():

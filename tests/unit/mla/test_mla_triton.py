@@ -223,6 +223,37 @@ def test_decode_launch_variants():
         torch.testing.assert_close(out.double(), exp, **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("cache_kind", ["float32", "fp8_tensor", "fp8_token"])
+@pytest.mark.parametrize("q_len,splits", [(1, 1), (3, 3), (4, 2)])
+def test_decode_tokens_on_m(cache_kind, q_len, splits):
+    """The transposed kernel (KV tokens on M): causal query blocks, row blocks that cut a
+    group, split KV with an empty request, both FP8 scalings, LSE, every row written."""
+    from tokenspeed.mla import triton_decode
+
+    rank, rope, heads = 64, 32, 24
+    seq = [q_len, 45, 0, 70]
+    cache, tables = paged_latent(seq, 16, rank + rope, torch.float32, seed=q_len + splits)
+    scale = None
+    if cache_kind == "fp8_token":
+        scale = (cache.abs().amax(-1) / 448).clamp_min(1e-12)
+        cache = (cache / scale[..., None]).to(FP8)
+    elif cache_kind == "fp8_tensor":
+        scale = torch.tensor([cache.abs().max().item() / 448])
+        cache = (cache / scale).to(FP8)
+    q = torch.randn(len(seq), q_len, heads, rank + rope)
+    out = torch.full((*q.shape[:3], rank), float("nan"))
+    res, lse = triton_decode.mla_decode(
+        q, cache, tables, torch.tensor(seq, dtype=torch.int32), 0.25, out=out, return_lse=True,
+        kv_scale=scale, kv_lora_rank=rank, num_splits=splits,
+        config={"tokens_on_m": 1, "block_h": 16, "block_n": 16, "num_warps": 4, "num_stages": 1},
+    )  # fmt: skip
+    exp, exp_lse = decode64(q, cache.float(), tables, seq, 0.25, rank, kv_scale=scale)
+    torch.testing.assert_close(res.double(), exp, **TOL[torch.float32])
+    assert torch.all(lse[2] == float("-inf"))
+    keep = [0, 1, 3]
+    torch.testing.assert_close(lse[keep].double(), exp_lse[keep], **TOL[torch.float32])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_tiny_dims_pad_to_a_dot_of_16(dtype):
     """A tiny model's rope dim 8 (decode) and q/k dim 16 + 8 (prefill) pad to K = 16."""
