@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import plan_decode
+from .configs import plan_decode, tma_capable
 
 _LOG2E = 1.4426950408889634
 
@@ -57,6 +57,58 @@ def _rope_mask(rows_ok, r_ok, PADDED: tl.constexpr):
     if PADDED:
         mask = mask & r_ok[None, :]
     return mask
+
+
+@triton.jit
+def _attend_tile(
+    q_c, q_r, kv_c, k_r, tok_scale_ptrs, pos, tok_ok, q_pos, m_i, l_i, acc, scale,
+    SCALE_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One KV tile into a row block's online softmax (rows on M): scores, mask, rescale, P @ V.
+    ``tok_scale_ptrs`` address the tile's per-token scales (read only when SCALE_MODE is 2)."""
+    s = tl.dot(q_c, tl.trans(kv_c), input_precision=DOT_PRECISION)
+    s = tl.dot(q_r, tl.trans(k_r), acc=s, input_precision=DOT_PRECISION)
+    if SCALE_MODE == 2:
+        tok_scale = tl.load(tok_scale_ptrs, mask=tok_ok, other=0.0)
+        s = s * (tok_scale[None, :] * scale)
+    else:
+        s = s * scale
+    visible = tok_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if SCALE_MODE == 2:
+        p = p * tok_scale[None, :]
+    acc = acc * alpha[:, None] + tl.dot(p.to(kv_c.dtype), kv_c, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _write_rows(
+    acc, m_i, l_i, out_scale, b, t, h, row_ok, split,
+    out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh,
+    DV: tl.constexpr, NUM_SPLITS: tl.constexpr, WRITE_LSE: tl.constexpr,
+):  # fmt: skip
+    """A row block's result (rows on M): the output and LSE, or a split's fp32 partials and
+    base-2 LSEs for the merge kernel."""
+    dv = tl.arange(0, DV)
+    has = l_i > 0.0
+    res = acc * (1.0 / tl.where(has, l_i, 1.0) * out_scale)[:, None]
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    if NUM_SPLITS == 1:
+        o_off = b * stride_ob + t * stride_ot + h * stride_oh
+        tl.store(out_ptr + o_off[:, None] + dv[None, :], res.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])  # fmt: skip
+        if WRITE_LSE:
+            row = (b * q_len + t) * num_heads + h
+            tl.store(lse_ptr + row, lse2 * 0.6931471805599453, mask=row_ok)
+    else:
+        row = ((b * q_len + t) * num_heads + h) * NUM_SPLITS + split
+        tl.store(part_out_ptr + row[:, None] * DV + dv[None, :], res, mask=row_ok[:, None])
+        tl.store(part_lse_ptr + row, lse2, mask=row_ok)
 
 
 @triton.jit
@@ -101,9 +153,10 @@ def _mla_decode_split_kernel(
     compute_ty = q_ptr.dtype.element_ty
 
     scale = qk_scale
+    out_scale = 1.0
     if SCALE_MODE == 1:
-        tensor_scale = tl.load(kv_scale_ptr).to(tl.float32)
-        scale = qk_scale * tensor_scale
+        out_scale = tl.load(kv_scale_ptr).to(tl.float32)
+        scale = qk_scale * out_scale
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -127,70 +180,13 @@ def _mla_decode_split_kernel(
             q_r = tl.load(q_ptr + q_off[:, None] + DV + dr[None, :],
                           mask=_rope_mask(row_ok, r_ok, BLOCK_R != DR),
                           other=0.0)  # fmt: skip
-        s = tl.dot(q_c, tl.trans(kv_c), input_precision=DOT_PRECISION)
-        s = tl.dot(q_r, tl.trans(k_r), acc=s, input_precision=DOT_PRECISION)
-        if SCALE_MODE == 2:
-            tok_scale = tl.load(
-                kv_scale_ptr + page * stride_sp + slot_in_page * stride_ss, mask=tok_ok, other=0.0
-            )
-            s = s * (tok_scale[None, :] * scale)
-        else:
-            s = s * scale
-        visible = tok_ok[None, :] & (pos[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s, float("-inf"))
+        scale_ptrs = kv_scale_ptr + page * stride_sp + slot_in_page * stride_ss
+        m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c, k_r, scale_ptrs, pos, tok_ok, q_pos, m_i, l_i,
+                                     acc, scale, SCALE_MODE, DOT_PRECISION)  # fmt: skip
 
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if SCALE_MODE == 2:
-            p = p * tok_scale[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(compute_ty), kv_c, input_precision=DOT_PRECISION)
-        m_i = m_new
-
-    has = l_i > 0.0
-    inv_l = 1.0 / tl.where(has, l_i, 1.0)
-    if SCALE_MODE == 1:
-        inv_l = inv_l * tensor_scale
-    res = acc * inv_l[:, None]
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    if NUM_SPLITS == 1:
-        o_off = b * stride_ob + t * stride_ot + h * stride_oh
-        tl.store(out_ptr + o_off[:, None] + dv[None, :], res.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None])  # fmt: skip
-        if WRITE_LSE:
-            row = (b * q_len + t) * num_heads + h
-            tl.store(lse_ptr + row, lse2 * 0.6931471805599453, mask=row_ok)
-    else:
-        row = ((b * q_len + t) * num_heads + h) * NUM_SPLITS + split
-        tl.store(part_out_ptr + row[:, None] * DV + dv[None, :], res, mask=row_ok[:, None])
-        tl.store(part_lse_ptr + row, lse2, mask=row_ok)
-
-
-@triton.jit
-def _attend_tile(
-    q_c, q_r, kv_c, k_r, tok_scale, pos, tok_ok, q_pos, m_i, l_i, acc, scale,
-    SCALE_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    """One KV tile into a row block's online softmax (rows on M): scores, mask, rescale, P @ V."""
-    s = tl.dot(q_c, tl.trans(kv_c), input_precision=DOT_PRECISION)
-    s = tl.dot(q_r, tl.trans(k_r), acc=s, input_precision=DOT_PRECISION)
-    if SCALE_MODE == 2:
-        s = s * (tok_scale[None, :] * scale)
-    else:
-        s = s * scale
-    visible = tok_ok[None, :] & (pos[None, :] <= q_pos[:, None])
-    s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    if SCALE_MODE == 2:
-        p = p * tok_scale[None, :]
-    acc = acc * alpha[:, None] + tl.dot(p.to(kv_c.dtype), kv_c, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
+    _write_rows(acc, m_i, l_i, out_scale, b, t, h, row_ok, split, out_ptr, lse_ptr, part_out_ptr,
+                part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh, DV, NUM_SPLITS,
+                WRITE_LSE)  # fmt: skip
 
 
 @triton.jit
@@ -238,14 +234,14 @@ def _mla_decode_split_kernel_tma(
     compute_ty = q_ptr.dtype.element_ty
 
     scale = qk_scale
+    out_scale = 1.0
     if SCALE_MODE == 1:
-        tensor_scale = tl.load(kv_scale_ptr).to(tl.float32)
-        scale = qk_scale * tensor_scale
+        out_scale = tl.load(kv_scale_ptr).to(tl.float32)
+        scale = qk_scale * out_scale
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, DV], dtype=tl.float32)
-    tok_scale = tl.zeros([BLOCK_N], dtype=tl.float32)
     all_ok = tn >= 0
 
     for n0 in range(start, whole_end, BLOCK_N):
@@ -254,9 +250,8 @@ def _mla_decode_split_kernel_tma(
         row = (page * page_size + slot).to(tl.int32)
         kv_c = kv_c_desc.load([row, 0]).to(compute_ty)
         k_r = k_r_desc.load([row, DV]).to(compute_ty)
-        if SCALE_MODE == 2:
-            tok_scale = tl.load(kv_scale_ptr + page * stride_sp + (slot + tn) * stride_ss)
-        m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c, k_r, tok_scale, n0 + tn, all_ok, q_pos,
+        scale_ptrs = kv_scale_ptr + page * stride_sp + (slot + tn) * stride_ss
+        m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c, k_r, scale_ptrs, n0 + tn, all_ok, q_pos,
                                      m_i, l_i, acc, scale, SCALE_MODE, DOT_PRECISION)  # fmt: skip
 
     if whole_end < end:
@@ -269,30 +264,14 @@ def _mla_decode_split_kernel_tma(
         kv_c = tl.load(kv_ptr + kv_off[:, None] + dv[None, :], mask=tok_ok[:, None], other=0.0)
         k_r = tl.load(kv_ptr + kv_off[:, None] + DV + dr[None, :], mask=tok_ok[:, None],
                       other=0.0)  # fmt: skip
-        if SCALE_MODE == 2:
-            tok_scale = tl.load(kv_scale_ptr + page * stride_sp + slot_in_page * stride_ss,
-                                mask=tok_ok, other=0.0)  # fmt: skip
-        m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c.to(compute_ty), k_r.to(compute_ty), tok_scale,
+        scale_ptrs = kv_scale_ptr + page * stride_sp + slot_in_page * stride_ss
+        m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c.to(compute_ty), k_r.to(compute_ty), scale_ptrs,
                                      pos, tok_ok, q_pos, m_i, l_i, acc, scale, SCALE_MODE,
                                      DOT_PRECISION)  # fmt: skip
 
-    has = l_i > 0.0
-    inv_l = 1.0 / tl.where(has, l_i, 1.0)
-    if SCALE_MODE == 1:
-        inv_l = inv_l * tensor_scale
-    res = acc * inv_l[:, None]
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    if NUM_SPLITS == 1:
-        o_off = b * stride_ob + t * stride_ot + h * stride_oh
-        tl.store(out_ptr + o_off[:, None] + dv[None, :], res.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None])  # fmt: skip
-        if WRITE_LSE:
-            row_id = (b * q_len + t) * num_heads + h
-            tl.store(lse_ptr + row_id, lse2 * 0.6931471805599453, mask=row_ok)
-    else:
-        row_id = ((b * q_len + t) * num_heads + h) * NUM_SPLITS + split
-        tl.store(part_out_ptr + row_id[:, None] * DV + dv[None, :], res, mask=row_ok[:, None])
-        tl.store(part_lse_ptr + row_id, lse2, mask=row_ok)
+    _write_rows(acc, m_i, l_i, out_scale, b, t, h, row_ok, split, out_ptr, lse_ptr, part_out_ptr,
+                part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh, DV, NUM_SPLITS,
+                WRITE_LSE)  # fmt: skip
 
 
 @triton.jit
@@ -449,7 +428,7 @@ def _tma_ok(cache: torch.Tensor, block_n: int, rope: int) -> bool:
     the pages' rows packed (a 2-D view with 16-byte aligned rows), a power-of-two rope dim."""
     return (
         cache.is_cuda
-        and torch.cuda.get_device_capability(cache.device)[0] >= 9
+        and tma_capable()
         and cache.shape[1] % block_n == 0
         and cache.stride(1) == cache.shape[2]
         and cache.stride(0) == cache.shape[1] * cache.shape[2]

@@ -44,6 +44,17 @@ def _decode_problem(batch, heads, q_len, kv_len, page, *, ragged=False, seed=0):
     return q, cache, tables, lens
 
 
+def _store_fp8(cache: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The cache written in e4m3 by ``mla_store_kv``: one scale, or ``[pages, page]`` per-token
+    scales that the store fills in."""
+    from tokenspeed.mla import mla_store_kv
+
+    flat, quant = cache.view(-1, 576), torch.empty(cache.shape, dtype=FP8, device="cuda")
+    slots = torch.arange(flat.shape[0], device="cuda")
+    mla_store_kv(flat[:, :512], flat[:, 512:], quant, slots, kv_scale=scale)
+    return quant
+
+
 def _check(actual, expected, atol=2e-2, rtol=2e-2):
     assert not torch.isnan(actual).any()
     torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol)
@@ -92,7 +103,7 @@ def test_decode_ragged_pages_splits(page, splits):
 def test_decode_tokens_on_m_ragged(block_h, block_n, warps, page, splits, fp8):
     """The transposed Triton decode (KV tokens on M) at every row block it can take, on ragged
     batches with an empty request, bf16 and per-token FP8."""
-    from tokenspeed.mla import mla_store_kv, reference, triton_decode
+    from tokenspeed.mla import reference, triton_decode
 
     if fp8 and not _fp8_ok():
         pytest.skip("FP8 e4m3 needs compute capability >= 8.9")
@@ -101,10 +112,7 @@ def test_decode_tokens_on_m_ragged(block_h, block_n, warps, page, splits, fp8):
     scale = None
     if fp8:
         scale = torch.empty(cache.shape[:2], dtype=torch.float32, device="cuda")
-        flat, quant = cache.view(-1, 576), torch.empty(cache.shape, dtype=FP8, device="cuda")
-        mla_store_kv(flat[:, :512], flat[:, 512:], quant, torch.arange(flat.shape[0],
-                     device="cuda"), kv_scale=scale)  # fmt: skip
-        cache = quant
+        cache = _store_fp8(cache, scale)
     cfg = {"tokens_on_m": 1, "block_h": block_h, "block_n": block_n, "num_warps": warps,
            "num_stages": 2}  # fmt: skip
     out = torch.full((9, 2, 40, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -128,7 +136,7 @@ def test_decode_tma_ragged(block_h, block_n, warps, splits, cache_kind):
     """Whole tiles by TMA, the partial tail of each split by masked loads: ragged lengths
     (most end mid-tile), an empty request, pages of 64, bf16 and both FP8 scalings. The
     cache's unused slots hold NaN, which a tail tile must never let into the output."""
-    from tokenspeed.mla import mla_store_kv, reference, triton_decode
+    from tokenspeed.mla import reference, triton_decode
 
     q, cache, tables, lens = _decode_problem(9, 40, 2, 700, 64, ragged=True, seed=block_n)
     lens[0] = 0
@@ -142,10 +150,7 @@ def test_decode_tma_ragged(block_h, block_n, warps, splits, cache_kind):
         per_token = cache_kind == "fp8_token"
         scale = (torch.empty(cache.shape[:2], dtype=torch.float32, device="cuda") if per_token
                  else cache[used].float().abs().amax().reshape(1) / 448)  # fmt: skip
-        flat, quant = cache.view(-1, 576), torch.empty(cache.shape, dtype=FP8, device="cuda")
-        mla_store_kv(flat[:, :512], flat[:, 512:], quant, torch.arange(flat.shape[0],
-                     device="cuda"), kv_scale=scale)  # fmt: skip
-        cache = quant
+        cache = _store_fp8(cache, scale)
     cfg = {"tma": 1, "block_h": block_h, "block_n": block_n, "num_warps": warps,
            "num_stages": 2}  # fmt: skip
     out = torch.full((9, 2, 40, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -167,17 +172,14 @@ def test_decode_tma_ragged(block_h, block_n, warps, splits, cache_kind):
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("heads,q_len", [(16, 1), (32, 1), (64, 2), (128, 1)])
 def test_decode_fp8_flashmla_shapes(heads, q_len, per_token):
-    from tokenspeed.mla import mla_decode, mla_store_kv, reference
+    from tokenspeed.mla import mla_decode, reference
 
     q, cache, tables, lens = _decode_problem(128, heads, q_len, 4096, 64, seed=heads)
-    fp8 = torch.empty(cache.shape, dtype=FP8, device="cuda")
     if per_token:
         scale = torch.empty(cache.shape[:2], dtype=torch.float32, device="cuda")
     else:
         scale = cache.float().abs().amax().reshape(1) / 448
-    flat = cache.view(-1, 576)
-    slots = torch.arange(flat.shape[0], device="cuda")
-    mla_store_kv(flat[:, :512], flat[:, 512:], fp8, slots, kv_scale=scale)
+    fp8 = _store_fp8(cache, scale)
     res = mla_decode(q, fp8, tables, lens, SCALE, kv_scale=scale)
     assert res.dtype == torch.bfloat16
     exp = reference.mla_decode(q, fp8, tables, lens, SCALE, kv_scale=scale)
