@@ -285,8 +285,8 @@ def cute_decode_plan(
     splitting each tile's values by output dims, three slots), each block reading the cache
     once. Against the earlier FP8 kernels (a 16-bit ring widened in shared memory by
     converter groups, or the pairs kernel behind such a ring; removed in the thirty-ninth
-    session, measurements in docs/mla.md): 0.76x / 0.87x the time at 16 / 32 heads (H200),
-    0.91x / 0.86x at 64 / 128 heads (H100).
+    session, measurements in docs/mla-experiments.md): 0.76x / 0.87x the time at 16 / 32 heads
+    (H200), 0.91x / 0.86x at 64 / 128 heads (H100).
     """
     cfg = dict(config or {})
     unknown = sorted(set(cfg) - CUTE_DECODE_KEYS)
@@ -334,8 +334,8 @@ def cute_decode_plan(
     # 64-row block per request from the sixteenth session, when it led by 1.3 % on average
     # at 64 heads; four later H200 runs (3-7 rounds each, three machines) put 64-token tiles
     # ahead by 2.0-4.6 %, so over all readings the two are within 1 % and the simpler rule
-    # wins (docs/mla.md). With more rows the second row block's loads hit L2, the consumer
-    # sets the pace, and 32-token products cost 7 %.
+    # wins (docs/mla-experiments.md). With more rows the second row block's loads hit L2, the
+    # consumer sets the pace, and 32-token products cost 7 %.
     tile = int(cfg.get("tile", CUTE_TILE))
     if tile not in (32, CUTE_TILE) or (tile != CUTE_TILE and layout != "pairs"):
         raise ValueError(f"tile={tile}: the pairs layout takes 32 or 64 tokens, others 64")
@@ -359,7 +359,7 @@ def cute_decode_plan(
         # the next pair's load a pair ahead: with two or more row blocks per request (their
         # second block's loads hit L2, and the time a tile holds its stage sets the pace) 1.3 %
         # faster (median of five paired readings on two H200s, four faster, one 0.8 % slower),
-        # with one 0.1-1.5 % slower (DRAM sets the pace; docs/mla.md)
+        # with one 0.1-1.5 % slower (DRAM sets the pace; docs/mla-experiments.md)
         "rope_early": int(cfg.get("rope_early", row_blocks > 1)) if layout == "pairs" else 0,
         # the FP8 register kernel keeps a row's running max while no score of a tile exceeds
         # it by more than this (log2 units; P then up to 2^slack in f16), which one barrier
@@ -369,7 +369,7 @@ def cute_decode_plan(
         "max_slack": int(cfg.get("max_slack", 4)) if fp8 else 0,
         "stages": stages,
         # KV tiles loaded with the L2 evict-first hint (cute_decode.KvRingProducer): 0.3-2.5 %
-        # faster at 11 of 12 shapes over two H200 runs (docs/mla.md); 0 turns it off
+        # faster at 11 of 12 shapes over two H200 runs (docs/mla-experiments.md); 0 turns it off
         "evict_first": int(cfg.get("evict_first", 1)),
         # the loader reads the next tile's block-table entries before waiting for a free
         # stage or slot (cute_decode.KvRingProducer); 0: after, on every tile's load latency

@@ -656,7 +656,7 @@ class MlaDecodeSm90(KvRingProducer):
         division and no branch but the row guard (a predicated store). With a division and
         its ``total > 0`` branch per element, the 128 elements' latencies did not overlap:
         at 32 rows this epilogue took about 10 us at the end of every CTA on the H200 (the
-        time of five tiles), and the decode gained 5-7 % when it went (docs/mla.md).
+        time of five tiles), and the decode gained 5-7 % when it went (docs/mla-experiments.md).
 
         With ``s_stage`` (shared memory no product reads any more, ``rows x 520`` bf16) the
         final rows are gathered there and stored whole (``store_staged_rows``): a thread's

@@ -33,9 +33,9 @@ reach it) and masked out of the scores, their scales taken as 0.
 H200 (batch 128 x 4096, page 64, q_len 1): 89.3-92.2 / 121.7-123.6 us at 16 / 32 heads with
 per-token scales (~79 / ~60 % of the copy bandwidth), 88.4 / 118.9 us per-tensor, against ~120
 / ~140 us for that shared-memory widening in the same runs; with the page blocks' rows 576
-bytes apart it took 94-96 / 125-129 us (docs/mla.md). At 32 rows the values product widens one
-register operand at a time (its 128 accumulator registers leave no room for two) and ptxas
-spills 64 bytes.
+bytes apart it took 94-96 / 125-129 us (docs/mla-experiments.md). At 32 rows the values product
+widens one register operand at a time (its 128 accumulator registers leave no room for two) and
+ptxas spills 64 bytes.
 
 Needs ``nvidia-cutlass-dsl`` (4.3) and an SM90 GPU; bf16 query (read as 32-bit words), e4m3
 cache, 16 or 32 rows per CTA. The launch wrapper is ``cute_decode.mla_decode`` (plan layout

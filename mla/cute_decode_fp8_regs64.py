@@ -35,8 +35,8 @@ fourth does not fit). At the end each group normalises its own dims by both grou
 sums and stores them (the final rows gathered in the spent query block and stored whole,
 or a split's fp32 partial).
 
-Sized from the wgmma rates measured on Hopper (docs/mla.md): 68 wgmmas a tile at ~38 cycles
-each when fed this way, ~160-190 us of tensor work at 128 heads against the 247-281 us
+Sized from the wgmma rates measured on Hopper (docs/mla-experiments.md): 68 wgmmas a tile at ~38
+cycles each when fed this way, ~160-190 us of tensor work at 128 heads against the 247-281 us
 target. First measured on an H100 (batch 128 x 4096, per-token scales): 372 us at 128 heads
 (x0.942 the pairs kernel's time; 334 us with every load an L2 hit) and 219 us at 64 heads
 (x1.083); with no slack (the maxima exchanged every tile) x1.33-1.38 slower, which points

@@ -4,11 +4,11 @@ consumer warp groups that score *two* KV tiles at once and hand the softmax over
 
 A one-tile seesaw (the ``heads`` layout of the early sessions, removed in the thirty-ninth)
 gave every tile to one owner group: the owner scored it and ran its softmax while the other
-group waited, so the tensor cores idled during every softmax (the profile in docs/mla.md: half
-the stall samples at 128 heads were the groups waiting on each other). Here the tiles go in
-pairs ``(A, B)``, A in one ring stage and B in the next, and each group scores its own tile of
-the pair (group 0 tile A, group 1 tile B). ``O[64, 512]`` is split by columns: group 0 owns
-``O_L`` (dims 0-255), group 1 ``O_R`` (256-511). One pair:
+group waited, so the tensor cores idled during every softmax (the profile in
+docs/mla-experiments.md: half the stall samples at 128 heads were the groups waiting on each
+other). Here the tiles go in pairs ``(A, B)``, A in one ring stage and B in the next, and each
+group scores its own tile of the pair (group 0 tile A, group 1 tile B). ``O[64, 512]`` is split by
+columns: group 0 owns ``O_L`` (dims 0-255), group 1 ``O_R`` (256-511). One pair:
 
 1. [0] ``m0 = max(m, rowmax S_A)``, ``scale0 = exp2(m - m0)``; publish both; ``P_A`` (to
    ``m0``) in registers, ``O_L = O_L * scale0 + P_A @ V_AL`` (``P`` straight from registers),
@@ -24,7 +24,7 @@ runs while group 1 runs its softmax, and group 1's first product runs under its 
 the tensor cores always have a product queued. The arithmetic is FlashAttention's online
 softmax, reordered. (Until 2026-12-03 group 1 added ``P_A @ V_AR`` last, with ``P_A`` rescaled
 to ``m1`` by group 0, so tile A's stage, the first one the next pair needs, was the last to
-free: 1.8-3.5 % slower at 64 heads, docs/mla.md.)
+free: 1.8-3.5 % slower at 64 heads, docs/mla-experiments.md.)
 
 **Loads in halves.** A stage is loaded as two halves with their own full/empty barriers:
 ``lo`` (dims 0-255) and ``hi`` (dims 256-575), each released by the group whose product reads

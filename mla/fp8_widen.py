@@ -3,8 +3,8 @@
 wgmma multiplies 16-bit types, and an FP8 cache's values are multiplied in f16: e4m3 widens
 to f16 exactly in one hardware conversion per pair (there is none to bf16), and the bf16
 query is brought into f16's range by ``Q_F16_SCALE``. f16 products are also 6-9x more
-accurate than bf16 ones here (``P`` keeps 10 mantissa bits; docs/mla.md). The scale of the
-cache (one per tensor or one per token) is applied by the kernels in float32; per-token
+accurate than bf16 ones here (``P`` keeps 10 mantissa bits; docs/mla-experiments.md). The scale of
+the cache (one per tensor or one per token) is applied by the kernels in float32; per-token
 scales travel beside each tile by ``copy_page_scales``.
 """
 

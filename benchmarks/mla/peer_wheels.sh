@@ -4,7 +4,7 @@
 # tar.xz are 45 MB). Git-ignored, like ../shared/device's .whl folders.
 #   bash benchmarks/mla/peer_wheels.sh          # here, once: .whl-peer/ (about 46 MB)
 #   run(carry=[".whl-peer"]): source benchmarks/mla/peer_wheels.sh --install && python3 benchmarks/mla/sweep_decode.py ...
-# FlashInfer 0.6.6 is the version every peer number in docs/mla.md was measured with.
+# FlashInfer 0.6.6 is the version every peer number in docs/mla*.md was measured with.
 if [ "${1:-}" = "--install" ]; then  # on the device, sourced from the repository root
   mkdir -p /tmp/site
   python3 -c "import tarfile

@@ -12,10 +12,10 @@ and skipped. Bytes and FLOPs as in ``tokenspeed.mla.bench``.
 
 ``--rounds N`` times every passing variant N times, in rounds that alternate the order, and
 reports the median of the rounds (with their spread): two readings of one configuration in a
-single pass differed by 7 % at 128 heads on the H200 (docs/mla.md), more than most differences
-between variants. Each variant after a shape's first is also reported as its ratio to the first,
-round by round (median and range: ``x0.987 (0.928-1.000)``); a change is only a change where that
-range stays on one side of 1.
+single pass differed by 7 % at 128 heads on the H200 (docs/mla-experiments.md), more than most
+differences between variants. Each variant after a shape's first is also reported as its ratio to
+the first, round by round (median and range: ``x0.987 (0.928-1.000)``); a change is only a change
+where that range stays on one side of 1.
 
 ``--interleave N`` times the passing variants together instead: N replays, each running every
 variant once back to back (``kernels.timing.time_gpu_interleaved``), so sample ``r`` of every

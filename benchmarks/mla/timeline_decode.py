@@ -5,7 +5,7 @@ last load, and on which SM.
     python3 benchmarks/mla/timeline_decode.py --heads 32,64 --out FILE [--config JSON] [--reps 3]
 
 A profiler averages over the CTAs; this shows the spread between them and what happens at
-the end of each, which is where two of the decode's largest fixes were (docs/mla.md: the
+the end of each, which is where two of the decode's largest fixes were (docs/mla-experiments.md: the
 32-row epilogue's division per element, the 64-row epilogue's stores). The kernel the plan
 picks (per-request grid, bf16 or FP8) is compiled as a subclass whose methods wrap the
 shipped ones with ``%globaltimer`` stamps, so no kernel body is copied; the stamp buffer's

@@ -8,13 +8,13 @@ and releases each part, pair by pair.
 waits for a part to land (``issued - wait`` of a scores part: the full-barrier wait, the
 issue itself is a few instructions), how long after a pair's start ``P_A`` / ``P_B`` are
 there for the other group's product, and when each part is released, i.e. the hold time
-that sets the loads' pace (docs/mla.md). The pairs kernel (the plan's, or ``--config``'s) is
-compiled as a subclass whose pair bodies and pieces are wrapped in ``%globaltimer`` stamps by
-the first thread of each group, for the first ``--ctas`` CTAs. A stamp is a predicated store,
-not a branch: a branch between a ``wgmma`` and its wait would make ptxas serialise every
-``wgmma`` of the kernel, and then the trace would time another kernel. ``%globaltimer``
-ticks every 256 ns on the H200 seen here, so single events are coarse; the medians over
-pairs and CTAs are what to read.
+that sets the loads' pace (docs/mla-experiments.md). The pairs kernel (the plan's, or
+``--config``'s) is compiled as a subclass whose pair bodies and pieces are wrapped in
+``%globaltimer`` stamps by the first thread of each group, for the first ``--ctas`` CTAs. A stamp
+is a predicated store, not a branch: a branch between a ``wgmma`` and its wait would make ptxas
+serialise every ``wgmma`` of the kernel, and then the trace would time another kernel.
+``%globaltimer`` ticks every 256 ns on the H200 seen here, so single events are coarse; the medians
+over pairs and CTAs are what to read.
 """
 
 from __future__ import annotations

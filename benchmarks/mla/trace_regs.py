@@ -5,8 +5,8 @@ waiting for its slot, on the scores, on the softmax and on the values, in SM clo
 
 The 16-head kernel takes ~2 800 cycles a tile per SM where 95 % of the copy bandwidth leaves
 ~2 400; two consumer groups take the tiles in turn, so each has ~5 700 for its own. The
-ablations (docs/mla.md) say what each part costs when removed; this says how long each part
-of one group's tile takes while the other group runs beside it, which is what a design
+ablations (docs/mla-experiments.md) say what each part costs when removed; this says how long each
+part of one group's tile takes while the other group runs beside it, which is what a design
 with more groups, or with the work split differently between them, has to change.
 
 The plan's register kernel (``cute_decode_fp8_regs.py``) is compiled as a subclass whose

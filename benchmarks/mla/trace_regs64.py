@@ -5,8 +5,8 @@ on the two values products, in SM clock cycles.
     python3 benchmarks/mla/trace_regs64.py --heads 128 --out FILE [--config JSON] [--ctas 4]
 
 From L2 the kernel takes ~4 700 cycles a tile where its 68 wgmmas need ~2 580 (H100,
-docs/mla.md). The groups take turns scoring, and each tile's softmax waits for the previous
-tile's max, so the question is how much of a group's period is that wait and how much is
+docs/mla-experiments.md). The groups take turns scoring, and each tile's softmax waits for the
+previous tile's max, so the question is how much of a group's period is that wait and how much is
 its own work; this answers it per phase.
 
 ``cute_decode_fp8_regs64.py``'s kernel is compiled as a subclass whose ``_scores``,

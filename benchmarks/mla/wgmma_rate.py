@@ -19,8 +19,8 @@ wgmmas still in flight), then the four wgmmas. The ideal, from Hopper's dense f1
 TFLOP/s over 132 SMs at 1.83 GHz: 4096 FLOP per clock per SM), is ``64 * N * 16 * 2 / 4096``
 cycles: 8 at N = 16, 16 at N = 32.
 
-What it found on the H200 (``benchmarks/results/h200_wgmma_rate*.json``, docs/mla.md): RS at
-N = 16 takes 7.7 ns (15 cycles at 1.98 GHz) a wgmma with three groups, half the dense rate;
+What it found on the H200 (``benchmarks/results/h200_wgmma_rate*.json``, docs/mla-experiments.md):
+RS at N = 16 takes 7.7 ns (15 cycles at 1.98 GHz) a wgmma with three groups, half the dense rate;
 N = 32, 9.3 ns (18.5 cycles); N = 64 and 256 run within 15 % of the ideal. Fed, N = 16
 takes 24.8 / 14.7 / 12.9 ns with one / two / three groups, and four groups or deeper
 buffers gain at most 2 % more: feeding costs at least ~1.7x the tensor core's own time

@@ -163,7 +163,7 @@ def store_staged_rows(
     Stored straight from accumulator fragments, every warp store wrote 16 bytes in each of 8
     rows: under the other SMs' read traffic, the 64-row kernel's 64 rows took the H200 5.5 us
     at the end of every CTA (0.8 us of it not the stores); staged and stored this way, 2.0 us
-    (docs/mla.md)."""
+    (docs/mla-experiments.md)."""
     rows = cute.size(s_rows, mode=[0])
     vec = 128 // m_out.element_type.width
     per_row = cute.size(s_rows, mode=[1]) // vec
