@@ -187,9 +187,8 @@ def decode_config_space(traits: Traits) -> list[Config]:
             tma=[0, 1],
         )
         if not (c["block_h"] == 64 and c["block_n"] == 64 and c["num_stages"] > 2)
-        # the transposed and the TMA kernels keep q in shared memory; TMA is rows on M only
+        # the transposed and the TMA kernels keep q in shared memory
         and not ((c["tokens_on_m"] or c["tma"]) and c["q_reload"])
-        and not (c["tokens_on_m"] and c["tma"])
     ]
 
 

@@ -18,17 +18,20 @@ directly; otherwise fp32 partials and base-2 LSEs go to the workspace and the me
 combines them. Split boundaries follow each request's own length (read on the device), the
 split count itself comes from shapes only, so the launch is CUDA-graph safe.
 
-A second program, ``_mla_decode_split_kernel_tokens_on_m`` (plan key ``tokens_on_m``),
-computes the same thing transposed: ``s^T = kv @ q^T`` and ``o^T += kv_c^T @ p^T``, KV tokens
-and output dims on the MMA's M axis and the rows on N. The plan takes it for 32-row blocks,
-where it measured 1.4x faster on an H100 (rows on M leave Hopper's ``wgmma`` unused below 64
-rows); 16- and 64-row blocks keep rows on M, which measured faster there (docs/mla.md).
+Two layouts of the products (``TOKENS_ON_M``, plan key ``tokens_on_m``): rows on M, as
+above, or transposed, ``s^T = kv @ q^T`` and ``o^T += kv_c^T @ p^T``, with the KV tokens and
+output dims on the MMA's M axis and the rows on N. The plan takes the transposed layout for
+32-row blocks, where it measured 1.4x faster on an H100 (rows on M leave Hopper's ``wgmma``
+unused below 64 rows); 16- and 64-row blocks keep rows on M, which measured faster there
+(docs/mla.md).
 
-A third, ``_mla_decode_split_kernel_tma`` (plan key ``tma``), is the rows-on-M program with
-every whole tile fetched by TMA (on Hopper and newer, when a tile fits in a page): no
-per-token address tensors, so 64-row blocks take 64-token tiles without spilling, 1.6x
-faster than pointer loads at 64 and 128 heads on an H100; the plan takes it for 16- and
-64-row blocks of a bf16 cache where the GPU and the page size allow (docs/mla.md).
+Two programs load the tiles: ``_mla_decode_split_kernel`` gathers every tile by pointer
+loads; ``_mla_decode_split_kernel_tma`` (plan key ``tma``) fetches every whole tile by TMA
+(on Hopper and newer, when a tile fits in a page): no per-token address tensors, so 64-row
+blocks take 64-token tiles without spilling, 1.6x faster than pointer loads at 64 and 128
+heads on an H100; the plan takes it for 16- and 64-row blocks of a bf16 cache where the GPU
+and the page size allow (docs/mla.md). Both share the tile math (``_attend_tile``) and the
+epilogue (``_write_rows``) of either layout.
 
 FP8 caches are dequantised in registers to the query's dtype (per-tensor scale folded into
 the softmax scale and the output, per-token scales applied to the scores and to ``p``).
@@ -60,29 +63,72 @@ def _rope_mask(rows_ok, r_ok, PADDED: tl.constexpr):
 
 
 @triton.jit
+def _load_q(q_ptr, q_off, row_ok, dv, dr, r_ok, DV: tl.constexpr, PADDED: tl.constexpr,
+            TOKENS_ON_M: tl.constexpr):  # fmt: skip
+    """A row block's query: ``[rows, dims]``, or ``[dims, rows]`` (the B operand) when the KV
+    tokens sit on M."""
+    if TOKENS_ON_M:
+        q_c = tl.load(q_ptr + q_off[None, :] + dv[:, None], mask=row_ok[None, :], other=0.0)
+        q_r = tl.load(q_ptr + q_off[None, :] + DV + dr[:, None],
+                      mask=tl.trans(_rope_mask(row_ok, r_ok, PADDED)), other=0.0)  # fmt: skip
+    else:
+        q_c = tl.load(q_ptr + q_off[:, None] + dv[None, :], mask=row_ok[:, None], other=0.0)
+        q_r = tl.load(q_ptr + q_off[:, None] + DV + dr[None, :],
+                      mask=_rope_mask(row_ok, r_ok, PADDED), other=0.0)  # fmt: skip
+    return q_c, q_r
+
+
+@triton.jit
 def _attend_tile(
     q_c, q_r, kv_c, k_r, tok_scale_ptrs, pos, tok_ok, q_pos, m_i, l_i, acc, scale,
-    SCALE_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SCALE_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr, TOKENS_ON_M: tl.constexpr,
 ):  # fmt: skip
-    """One KV tile into a row block's online softmax (rows on M): scores, mask, rescale, P @ V.
-    ``tok_scale_ptrs`` address the tile's per-token scales (read only when SCALE_MODE is 2)."""
-    s = tl.dot(q_c, tl.trans(kv_c), input_precision=DOT_PRECISION)
-    s = tl.dot(q_r, tl.trans(k_r), acc=s, input_precision=DOT_PRECISION)
-    if SCALE_MODE == 2:
-        tok_scale = tl.load(tok_scale_ptrs, mask=tok_ok, other=0.0)
-        s = s * (tok_scale[None, :] * scale)
+    """One KV tile into a row block's online softmax: scores, mask, rescale, P @ V.
+
+    Rows on M: ``s = q @ kv^T``, ``acc[rows, 512] += p @ kv_c``. Tokens on M (the query
+    transposed by ``_load_q``): ``s^T = kv @ q^T``, ``acc[512, rows] += kv_c^T @ p^T``, so
+    the tile's tokens and the output dims sit on the MMA's M axis and both operands of both
+    products can come from shared memory (Hopper's ``wgmma`` needs 64 on M per warp group,
+    which rows on M only reach at 64 rows). ``tok_scale_ptrs`` address the tile's per-token
+    scales (read only when SCALE_MODE is 2).
+    """
+    if TOKENS_ON_M:
+        s = tl.dot(kv_c, q_c, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_H]
+        s = tl.dot(k_r, q_r, acc=s, input_precision=DOT_PRECISION)
+        if SCALE_MODE == 2:
+            tok_scale = tl.load(tok_scale_ptrs, mask=tok_ok, other=0.0)
+            s = s * (tok_scale[:, None] * scale)
+        else:
+            s = s * scale
+        visible = tok_ok[:, None] & (pos[:, None] <= q_pos[None, :])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        if SCALE_MODE == 2:
+            p = p * tok_scale[:, None]
+        acc = acc * alpha[None, :] + tl.dot(tl.trans(kv_c), p.to(kv_c.dtype),
+                                            input_precision=DOT_PRECISION)  # fmt: skip
     else:
-        s = s * scale
-    visible = tok_ok[None, :] & (pos[None, :] <= q_pos[:, None])
-    s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    if SCALE_MODE == 2:
-        p = p * tok_scale[None, :]
-    acc = acc * alpha[:, None] + tl.dot(p.to(kv_c.dtype), kv_c, input_precision=DOT_PRECISION)
+        s = tl.dot(q_c, tl.trans(kv_c), input_precision=DOT_PRECISION)
+        s = tl.dot(q_r, tl.trans(k_r), acc=s, input_precision=DOT_PRECISION)
+        if SCALE_MODE == 2:
+            tok_scale = tl.load(tok_scale_ptrs, mask=tok_ok, other=0.0)
+            s = s * (tok_scale[None, :] * scale)
+        else:
+            s = s * scale
+        visible = tok_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if SCALE_MODE == 2:
+            p = p * tok_scale[None, :]
+        acc = acc * alpha[:, None] + tl.dot(p.to(kv_c.dtype), kv_c, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
 
 
@@ -91,24 +137,56 @@ def _write_rows(
     acc, m_i, l_i, out_scale, b, t, h, row_ok, split,
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh,
     DV: tl.constexpr, NUM_SPLITS: tl.constexpr, WRITE_LSE: tl.constexpr,
+    TOKENS_ON_M: tl.constexpr,
 ):  # fmt: skip
-    """A row block's result (rows on M): the output and LSE, or a split's fp32 partials and
-    base-2 LSEs for the merge kernel."""
+    """A row block's result: the output and LSE, or a split's fp32 partials and base-2 LSEs
+    for the merge kernel (``acc`` is ``[512, rows]`` when the tokens sat on M)."""
     dv = tl.arange(0, DV)
     has = l_i > 0.0
-    res = acc * (1.0 / tl.where(has, l_i, 1.0) * out_scale)[:, None]
+    inv_l = 1.0 / tl.where(has, l_i, 1.0) * out_scale
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     if NUM_SPLITS == 1:
         o_off = b * stride_ob + t * stride_ot + h * stride_oh
-        tl.store(out_ptr + o_off[:, None] + dv[None, :], res.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None])  # fmt: skip
+        if TOKENS_ON_M:
+            tl.store(out_ptr + o_off[None, :] + dv[:, None],
+                     (acc * inv_l[None, :]).to(out_ptr.dtype.element_ty),
+                     mask=row_ok[None, :])  # fmt: skip
+        else:
+            tl.store(out_ptr + o_off[:, None] + dv[None, :],
+                     (acc * inv_l[:, None]).to(out_ptr.dtype.element_ty),
+                     mask=row_ok[:, None])  # fmt: skip
         if WRITE_LSE:
             row = (b * q_len + t) * num_heads + h
             tl.store(lse_ptr + row, lse2 * 0.6931471805599453, mask=row_ok)
     else:
         row = ((b * q_len + t) * num_heads + h) * NUM_SPLITS + split
-        tl.store(part_out_ptr + row[:, None] * DV + dv[None, :], res, mask=row_ok[:, None])
+        if TOKENS_ON_M:
+            tl.store(part_out_ptr + row[None, :] * DV + dv[:, None], acc * inv_l[None, :],
+                     mask=row_ok[None, :])  # fmt: skip
+        else:
+            tl.store(part_out_ptr + row[:, None] * DV + dv[None, :], acc * inv_l[:, None],
+                     mask=row_ok[:, None])  # fmt: skip
         tl.store(part_lse_ptr + row, lse2, mask=row_ok)
+
+
+@triton.jit
+def _block_rows(rb, rows_per_group, blocks_per_group, fold, num_heads, BLOCK_H: tl.constexpr):
+    """A program's rows: their query token, head, and whether they exist."""
+    group = rb // blocks_per_group
+    r = (rb % blocks_per_group) * BLOCK_H + tl.arange(0, BLOCK_H)
+    return group * fold + r // num_heads, r % num_heads, r < rows_per_group
+
+
+@triton.jit
+def _init_state(BLOCK_H: tl.constexpr, DV: tl.constexpr, TOKENS_ON_M: tl.constexpr):
+    """Running max, denominator and output accumulator of an empty online softmax."""
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    if TOKENS_ON_M:
+        acc = tl.zeros([DV, BLOCK_H], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_H, DV], dtype=tl.float32)
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -125,17 +203,14 @@ def _mla_decode_split_kernel(
     DV: tl.constexpr, DR: tl.constexpr, BLOCK_R: tl.constexpr,
     NUM_SPLITS: tl.constexpr, SCALE_MODE: tl.constexpr, WRITE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    Q_RELOAD: tl.constexpr,
+    Q_RELOAD: tl.constexpr, TOKENS_ON_M: tl.constexpr,
 ):  # fmt: skip
+    """One row block of one request over one split, every tile gathered by pointer loads."""
     rb = tl.program_id(0)
     split = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
 
-    group = rb // blocks_per_group
-    r = (rb % blocks_per_group) * BLOCK_H + tl.arange(0, BLOCK_H)
-    row_ok = r < rows_per_group
-    t = group * fold + r // num_heads  # query token of each row
-    h = r % num_heads
+    t, h, row_ok = _block_rows(rb, rows_per_group, blocks_per_group, fold, num_heads, BLOCK_H)
     dv = tl.arange(0, DV)
     dr = tl.arange(0, BLOCK_R)  # the rope dims, padded to a dot's minimum K of 16
     r_ok = dr < DR  # all true unless DR < 16
@@ -147,9 +222,7 @@ def _mla_decode_split_kernel(
     end = tl.minimum(start + per_split, seq_len)
 
     q_off = b * stride_qb + t * stride_qt + h * stride_qh
-    q_c = tl.load(q_ptr + q_off[:, None] + dv[None, :], mask=row_ok[:, None], other=0.0)
-    q_r = tl.load(q_ptr + q_off[:, None] + DV + dr[None, :], mask=_rope_mask(row_ok, r_ok, BLOCK_R != DR),
-                  other=0.0)  # fmt: skip
+    q_c, q_r = _load_q(q_ptr, q_off, row_ok, dv, dr, r_ok, DV, BLOCK_R != DR, TOKENS_ON_M)
     compute_ty = q_ptr.dtype.element_ty
 
     scale = qk_scale
@@ -158,10 +231,7 @@ def _mla_decode_split_kernel(
         out_scale = tl.load(kv_scale_ptr).to(tl.float32)
         scale = qk_scale * out_scale
 
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, DV], dtype=tl.float32)
-
+    m_i, l_i, acc = _init_state(BLOCK_H, DV, TOKENS_ON_M)
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         tok_ok = pos < end
@@ -176,17 +246,16 @@ def _mla_decode_split_kernel(
         k_r = k_r.to(compute_ty)
 
         if Q_RELOAD:  # re-read q (L1/L2 hits) instead of holding it across the loop
-            q_c = tl.load(q_ptr + q_off[:, None] + dv[None, :], mask=row_ok[:, None], other=0.0)
-            q_r = tl.load(q_ptr + q_off[:, None] + DV + dr[None, :],
-                          mask=_rope_mask(row_ok, r_ok, BLOCK_R != DR),
-                          other=0.0)  # fmt: skip
+            q_c, q_r = _load_q(q_ptr, q_off, row_ok, dv, dr, r_ok, DV, BLOCK_R != DR,
+                               TOKENS_ON_M)  # fmt: skip
         scale_ptrs = kv_scale_ptr + page * stride_sp + slot_in_page * stride_ss
         m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c, k_r, scale_ptrs, pos, tok_ok, q_pos, m_i, l_i,
-                                     acc, scale, SCALE_MODE, DOT_PRECISION)  # fmt: skip
+                                     acc, scale, SCALE_MODE, DOT_PRECISION,
+                                     TOKENS_ON_M)  # fmt: skip
 
     _write_rows(acc, m_i, l_i, out_scale, b, t, h, row_ok, split, out_ptr, lse_ptr, part_out_ptr,
                 part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh, DV, NUM_SPLITS,
-                WRITE_LSE)  # fmt: skip
+                WRITE_LSE, TOKENS_ON_M)  # fmt: skip
 
 
 @triton.jit
@@ -203,20 +272,17 @@ def _mla_decode_split_kernel_tma(
     DV: tl.constexpr, DR: tl.constexpr,
     NUM_SPLITS: tl.constexpr, SCALE_MODE: tl.constexpr, WRITE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    TOKENS_ON_M: tl.constexpr,
 ):  # fmt: skip
-    """Rows on M, with every whole KV tile fetched by TMA (a tile lies in one page, so its
-    rows are contiguous): no per-token addresses, nothing staged through registers. The tail
-    tile of a split, if partial, is read with masked loads (its rows past the end may hold
-    anything, even NaN)."""
+    """The same program with every whole KV tile fetched by TMA (a tile lies in one page, so
+    its rows are contiguous): no per-token addresses, nothing staged through registers. The
+    tail tile of a split, if partial, is read with masked loads (its rows past the end may
+    hold anything, even NaN)."""
     rb = tl.program_id(0)
     split = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
 
-    group = rb // blocks_per_group
-    r = (rb % blocks_per_group) * BLOCK_H + tl.arange(0, BLOCK_H)
-    row_ok = r < rows_per_group
-    t = group * fold + r // num_heads
-    h = r % num_heads
+    t, h, row_ok = _block_rows(rb, rows_per_group, blocks_per_group, fold, num_heads, BLOCK_H)
     dv = tl.arange(0, DV)
     dr = tl.arange(0, DR)
     tn = tl.arange(0, BLOCK_N)
@@ -229,8 +295,7 @@ def _mla_decode_split_kernel_tma(
     whole_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
 
     q_off = b * stride_qb + t * stride_qt + h * stride_qh
-    q_c = tl.load(q_ptr + q_off[:, None] + dv[None, :], mask=row_ok[:, None], other=0.0)
-    q_r = tl.load(q_ptr + q_off[:, None] + DV + dr[None, :], mask=row_ok[:, None], other=0.0)
+    q_c, q_r = _load_q(q_ptr, q_off, row_ok, dv, dr, dr >= 0, DV, False, TOKENS_ON_M)
     compute_ty = q_ptr.dtype.element_ty
 
     scale = qk_scale
@@ -239,9 +304,7 @@ def _mla_decode_split_kernel_tma(
         out_scale = tl.load(kv_scale_ptr).to(tl.float32)
         scale = qk_scale * out_scale
 
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, DV], dtype=tl.float32)
+    m_i, l_i, acc = _init_state(BLOCK_H, DV, TOKENS_ON_M)
     all_ok = tn >= 0
 
     for n0 in range(start, whole_end, BLOCK_N):
@@ -252,7 +315,8 @@ def _mla_decode_split_kernel_tma(
         k_r = k_r_desc.load([row, DV]).to(compute_ty)
         scale_ptrs = kv_scale_ptr + page * stride_sp + (slot + tn) * stride_ss
         m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c, k_r, scale_ptrs, n0 + tn, all_ok, q_pos,
-                                     m_i, l_i, acc, scale, SCALE_MODE, DOT_PRECISION)  # fmt: skip
+                                     m_i, l_i, acc, scale, SCALE_MODE, DOT_PRECISION,
+                                     TOKENS_ON_M)  # fmt: skip
 
     if whole_end < end:
         pos = whole_end + tn
@@ -267,124 +331,11 @@ def _mla_decode_split_kernel_tma(
         scale_ptrs = kv_scale_ptr + page * stride_sp + slot_in_page * stride_ss
         m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c.to(compute_ty), k_r.to(compute_ty), scale_ptrs,
                                      pos, tok_ok, q_pos, m_i, l_i, acc, scale, SCALE_MODE,
-                                     DOT_PRECISION)  # fmt: skip
+                                     DOT_PRECISION, TOKENS_ON_M)  # fmt: skip
 
     _write_rows(acc, m_i, l_i, out_scale, b, t, h, row_ok, split, out_ptr, lse_ptr, part_out_ptr,
                 part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh, DV, NUM_SPLITS,
-                WRITE_LSE)  # fmt: skip
-
-
-@triton.jit
-def _mla_decode_split_kernel_tokens_on_m(
-    q_ptr, kv_ptr, block_table_ptr, seq_lens_ptr, kv_scale_ptr,
-    out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
-    qk_scale,
-    num_heads, q_len, fold, rows_per_group, blocks_per_group, page_size,
-    stride_qb, stride_qt, stride_qh,
-    stride_kp, stride_ks,
-    stride_bt,
-    stride_sp, stride_ss,
-    stride_ob, stride_ot, stride_oh,
-    DV: tl.constexpr, DR: tl.constexpr, BLOCK_R: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SCALE_MODE: tl.constexpr, WRITE_LSE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    Q_RELOAD: tl.constexpr,
-):  # fmt: skip
-    """The same program with every product transposed: KV tokens (and output dims) on M.
-
-    ``s^T = kv @ q^T`` puts the ``BLOCK_N`` tokens of a tile on the MMA's M axis and the rows
-    on N, and ``o^T += kv_c^T @ p^T`` puts the 512 output dims on M. Both operands of both
-    products can then come from shared memory (the KV tile, once, and ``q^T``), so on Hopper
-    Triton issues ``wgmma`` for 16 and 32 rows too (M must be 64 per warp group) and the
-    ``[512, BLOCK_H]`` accumulator is the only large register tenant.
-    """
-    rb = tl.program_id(0)
-    split = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-
-    group = rb // blocks_per_group
-    r = (rb % blocks_per_group) * BLOCK_H + tl.arange(0, BLOCK_H)
-    row_ok = r < rows_per_group
-    t = group * fold + r // num_heads
-    h = r % num_heads
-    dv = tl.arange(0, DV)
-    dr = tl.arange(0, BLOCK_R)
-    r_ok = dr < DR
-
-    seq_len = tl.load(seq_lens_ptr + b)
-    q_pos = seq_len - q_len + t
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per_split
-    end = tl.minimum(start + per_split, seq_len)
-
-    q_off = b * stride_qb + t * stride_qt + h * stride_qh
-    qt_c = tl.load(q_ptr + q_off[None, :] + dv[:, None], mask=row_ok[None, :], other=0.0)
-    qt_r = tl.load(q_ptr + q_off[None, :] + DV + dr[:, None],
-                   mask=tl.trans(_rope_mask(row_ok, r_ok, BLOCK_R != DR)), other=0.0)  # fmt: skip
-    compute_ty = q_ptr.dtype.element_ty
-
-    scale = qk_scale
-    if SCALE_MODE == 1:
-        tensor_scale = tl.load(kv_scale_ptr).to(tl.float32)
-        scale = qk_scale * tensor_scale
-
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([DV, BLOCK_H], dtype=tl.float32)
-
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        tok_ok = pos < end
-        page = tl.load(block_table_ptr + b * stride_bt + pos // page_size, mask=tok_ok, other=0)
-        page = page.to(tl.int64)
-        slot_in_page = pos % page_size
-        kv_off = page * stride_kp + slot_in_page * stride_ks
-        kv_c = tl.load(kv_ptr + kv_off[:, None] + dv[None, :], mask=tok_ok[:, None], other=0.0)
-        k_r = tl.load(kv_ptr + kv_off[:, None] + DV + dr[None, :],
-                      mask=_rope_mask(tok_ok, r_ok, BLOCK_R != DR), other=0.0)  # fmt: skip
-        kv_c = kv_c.to(compute_ty)
-        k_r = k_r.to(compute_ty)
-
-        s = tl.dot(kv_c, qt_c, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_H]
-        s = tl.dot(k_r, qt_r, acc=s, input_precision=DOT_PRECISION)
-        if SCALE_MODE == 2:
-            tok_scale = tl.load(
-                kv_scale_ptr + page * stride_sp + slot_in_page * stride_ss, mask=tok_ok, other=0.0
-            )
-            s = s * (tok_scale[:, None] * scale)
-        else:
-            s = s * scale
-        visible = tok_ok[:, None] & (pos[:, None] <= q_pos[None, :])
-        s = tl.where(visible, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[None, :])
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        if SCALE_MODE == 2:
-            p = p * tok_scale[:, None]
-        acc = acc * alpha[None, :] + tl.dot(tl.trans(kv_c), p.to(compute_ty),
-                                            input_precision=DOT_PRECISION)  # fmt: skip
-        m_i = m_new
-
-    has = l_i > 0.0
-    inv_l = 1.0 / tl.where(has, l_i, 1.0)
-    if SCALE_MODE == 1:
-        inv_l = inv_l * tensor_scale
-    res = acc * inv_l[None, :]
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    if NUM_SPLITS == 1:
-        o_off = b * stride_ob + t * stride_ot + h * stride_oh
-        tl.store(out_ptr + o_off[None, :] + dv[:, None], res.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[None, :])  # fmt: skip
-        if WRITE_LSE:
-            row = (b * q_len + t) * num_heads + h
-            tl.store(lse_ptr + row, lse2 * 0.6931471805599453, mask=row_ok)
-    else:
-        row = ((b * q_len + t) * num_heads + h) * NUM_SPLITS + split
-        tl.store(part_out_ptr + row[None, :] * DV + dv[:, None], res, mask=row_ok[None, :])
-        tl.store(part_lse_ptr + row, lse2, mask=row_ok)
+                WRITE_LSE, TOKENS_ON_M)  # fmt: skip
 
 
 @triton.jit
@@ -520,9 +471,10 @@ def mla_decode(
     meta = dict(
         DV=kv_lora_rank, DR=rope, NUM_SPLITS=splits, SCALE_MODE=scale_mode, WRITE_LSE=return_lse,
         DOT_PRECISION=_dot_precision(query.dtype), BLOCK_H=plan["block_h"],
-        BLOCK_N=plan["block_n"], num_warps=plan["num_warps"], num_stages=plan["num_stages"],
+        BLOCK_N=plan["block_n"], TOKENS_ON_M=plan["tokens_on_m"], num_warps=plan["num_warps"],
+        num_stages=plan["num_stages"],
     )  # fmt: skip
-    if plan["tma"] and not plan["tokens_on_m"] and _tma_ok(cache, plan["block_n"], rope):
+    if plan["tma"] and _tma_ok(cache, plan["block_n"], rope):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         rows = cache.view(cache.shape[0] * page_size, dim)  # a tile's tokens are adjacent rows
@@ -530,12 +482,7 @@ def mla_decode(
         k_r_desc = TensorDescriptor.from_tensor(rows, [plan["block_n"], rope])
         _mla_decode_split_kernel_tma[grid](query, cache, kv_c_desc, k_r_desc, *common, **meta)
     else:
-        kernel = (
-            _mla_decode_split_kernel_tokens_on_m
-            if plan["tokens_on_m"]
-            else _mla_decode_split_kernel
-        )
-        kernel[grid](
+        _mla_decode_split_kernel[grid](
             query, cache, *common, BLOCK_R=max(16, triton.next_power_of_2(rope)),
             Q_RELOAD=plan["q_reload"], **meta,
         )  # fmt: skip

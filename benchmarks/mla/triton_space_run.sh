@@ -7,9 +7,11 @@
 # triton_decode_layouts.json interleaved at q_len 1 and 2, bf16 and FP8 (~400 s).
 # "tma": the TMA path's GPU tests, then triton_decode_tma.json at 16-128 heads (~280 s);
 # "confirm": pointer-load and TMA launches beside the default, bf16 and FP8 (~200 s);
+# "fp8_tma": the same over FP8 only; "tokens_tma": 32-row transposed launches, pointer loads
+# against TMA, bf16 and FP8 (these three need no peer wheels);
 # "profile": Nsight Compute of the default launch at 16 / 32 / 64 heads (stalls, details).
 # Kernels compile in four processes first (Triton's disk cache), so the timed pass only times.
-[ "${1:-}" = "confirm" ] || source benchmarks/mla/peer_wheels.sh --install >/dev/null 2>&1
+case "${1:-}" in confirm|fp8_tma|tokens_tma) ;; *) source benchmarks/mla/peer_wheels.sh --install >/dev/null 2>&1 ;; esac
 python3 -c "import triton, torch; print('triton', triton.__version__, 'torch', torch.__version__)"
 sweep() {  # sweep NAME HEADS QLENS CONFIGS [args...]: compile in parallel, then time
   local name=$1 heads=$2 qlens=$3 cfg=$4; shift 4
@@ -43,6 +45,17 @@ elif [ "${1:-}" = "confirm" ]; then
   sweep confirm_bf16 16,64,128 1 benchmarks/mla/triton_decode_confirm.json --interleave 4
   sweep confirm_fp8 16,64,128 1 benchmarks/mla/triton_decode_confirm.json --interleave 4 \
     --fp8 token
+elif [ "${1:-}" = "fp8_tma" ]; then
+  # FP8 (per-token scales): pointer-load and TMA launches beside the default (no peer wheels)
+  VARIANTS="triton default"
+  sweep confirm_fp8 16,64,128 1 benchmarks/mla/triton_decode_confirm.json --interleave 4 \
+    --fp8 token
+elif [ "${1:-}" = "tokens_tma" ]; then
+  # 32-row blocks, KV tokens on M, tiles by pointer loads or TMA; bf16 then FP8 (per token)
+  VARIANTS="triton default"
+  sweep tokens_tma_bf16 32 1,2 benchmarks/mla/triton_decode_tokens_tma.json --interleave 4
+  sweep tokens_tma_fp8 32 1 benchmarks/mla/triton_decode_tokens_tma.json --interleave 4 \
+    --fp8 token
 elif [ "${1:-}" = "profile" ]; then
   # Nsight Compute of the default launch at 16 / 32 / 64 heads: stall reasons per instruction
   export PATH=$PATH:/usr/local/cuda/bin
@@ -56,7 +69,7 @@ elif [ "${1:-}" = "profile" ]; then
     head -30 $OUT/stalls_$h.txt
   done
 else
-  echo "usage: triton_space_run.sh space|layouts|tma|confirm|profile" >&2
+  echo "usage: triton_space_run.sh space|layouts|tma|confirm|fp8_tma|tokens_tma|profile" >&2
   exit 2
 fi
 nvidia-smi --query-gpu=name,clocks.sm --format=csv

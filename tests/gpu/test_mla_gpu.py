@@ -130,12 +130,23 @@ def test_decode_tokens_on_m_ragged(block_h, block_n, warps, page, splits, fp8):
     reason="TMA needs compute capability >= 9.0",
 )
 @pytest.mark.parametrize("cache_kind", ["bf16", "fp8_tensor", "fp8_token"])
-@pytest.mark.parametrize("block_h,block_n,warps", [(16, 32, 4), (64, 32, 8), (64, 64, 8)])
+@pytest.mark.parametrize(
+    "block_h,block_n,warps,tokens_on_m",
+    [
+        (16, 32, 4, 0),
+        (64, 32, 8, 0),
+        (64, 64, 8, 0),
+        (32, 16, 4, 1),
+        (32, 32, 4, 1),
+        (32, 64, 4, 1),
+    ],
+)
 @pytest.mark.parametrize("splits", [None, 1, 5])
-def test_decode_tma_ragged(block_h, block_n, warps, splits, cache_kind):
-    """Whole tiles by TMA, the partial tail of each split by masked loads: ragged lengths
-    (most end mid-tile), an empty request, pages of 64, bf16 and both FP8 scalings. The
-    cache's unused slots hold NaN, which a tail tile must never let into the output."""
+def test_decode_tma_ragged(block_h, block_n, warps, tokens_on_m, splits, cache_kind):
+    """Whole tiles by TMA, the partial tail of each split by masked loads, rows or KV tokens
+    on M: ragged lengths (most end mid-tile), an empty request, pages of 64, bf16 and both
+    FP8 scalings. The cache's unused slots hold NaN, which a tail tile must never let into
+    the output."""
     from tokenspeed.mla import reference, triton_decode
 
     q, cache, tables, lens = _decode_problem(9, 40, 2, 700, 64, ragged=True, seed=block_n)
@@ -151,8 +162,8 @@ def test_decode_tma_ragged(block_h, block_n, warps, splits, cache_kind):
         scale = (torch.empty(cache.shape[:2], dtype=torch.float32, device="cuda") if per_token
                  else cache[used].float().abs().amax().reshape(1) / 448)  # fmt: skip
         cache = _store_fp8(cache, scale)
-    cfg = {"tma": 1, "block_h": block_h, "block_n": block_n, "num_warps": warps,
-           "num_stages": 2}  # fmt: skip
+    cfg = {"tma": 1, "tokens_on_m": tokens_on_m, "block_h": block_h, "block_n": block_n,
+           "num_warps": warps, "num_stages": 2}  # fmt: skip
     out = torch.full((9, 2, 40, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     res, lse = triton_decode.mla_decode(q, cache, tables, lens, SCALE, out=out, return_lse=True,
                                         kv_scale=scale, num_splits=splits, config=cfg)  # fmt: skip

@@ -225,11 +225,16 @@ def test_decode_launch_variants():
 
 @pytest.mark.parametrize("cache_kind", ["float32", "fp8_tensor", "fp8_token"])
 @pytest.mark.parametrize("q_len,splits", [(1, 1), (3, 3), (4, 2)])
-def test_decode_tokens_on_m(cache_kind, q_len, splits):
-    """The transposed kernel (KV tokens on M): causal query blocks, row blocks that cut a
+@pytest.mark.parametrize("layout", ["tokens_on_m", "tokens_on_m_tma", "rows_on_m_tma"])
+def test_decode_layouts(cache_kind, q_len, splits, layout, monkeypatch):
+    """The transposed products (KV tokens on M) and the TMA program (whole tiles through
+    tensor descriptors, the split's partial tail by masked loads; forced here, the
+    interpreter has no compute capability): causal query blocks, row blocks that cut a
     group, split KV with an empty request, both FP8 scalings, LSE, every row written."""
     from tokenspeed.mla import triton_decode
 
+    if layout.endswith("tma"):
+        monkeypatch.setattr(triton_decode, "_tma_ok", lambda cache, block_n, rope: True)
     rank, rope, heads = 64, 32, 24
     seq = [q_len, 45, 0, 70]
     cache, tables = paged_latent(seq, 16, rank + rope, torch.float32, seed=q_len + splits)
@@ -245,7 +250,8 @@ def test_decode_tokens_on_m(cache_kind, q_len, splits):
     res, lse = triton_decode.mla_decode(
         q, cache, tables, torch.tensor(seq, dtype=torch.int32), 0.25, out=out, return_lse=True,
         kv_scale=scale, kv_lora_rank=rank, num_splits=splits,
-        config={"tokens_on_m": 1, "block_h": 16, "block_n": 16, "num_warps": 4, "num_stages": 1},
+        config={"tokens_on_m": int(layout.startswith("tokens")), "tma": int(layout.endswith("tma")),
+                "block_h": 16, "block_n": 16, "num_warps": 4, "num_stages": 1},
     )  # fmt: skip
     exp, exp_lse = decode64(q, cache.float(), tables, seq, 0.25, rank, kv_scale=scale)
     torch.testing.assert_close(res.double(), exp, **TOL[torch.float32])
