@@ -119,7 +119,7 @@ def decode_num_splits(
     return max(range(1, cap + 1), key=efficiency)
 
 
-def decode_default_config(traits: Traits, allow_tma: bool = True) -> Config:
+def decode_default_config(traits: Traits) -> Config:
     """Untuned decode launch: 64-row blocks when the (folded) heads fill them."""
     heads, q_len = int(traits["num_heads"]), int(traits["q_len"])
     fold = fold_factor(heads, q_len)
@@ -127,15 +127,16 @@ def decode_default_config(traits: Traits, allow_tma: bool = True) -> Config:
     _, _, row_blocks = decode_geometry(heads, q_len, fold, block_h)
     big = int(traits.get("kv_lora_rank", 512)) >= 256
     splits = decode_num_splits(int(traits["batch"]), row_blocks, int(traits["kv_len"]), block_h)
+    page_size = int(traits.get("page_size", 0))
     if big and block_h == 32:
         # 32-row blocks run transposed (KV tokens on M, 16-token tiles, 4 warps): 346 us
-        # against 491 us for rows on M at 32 heads x 4096, the same at 16 heads x 2 (H100,
-        # docs/mla.md); at 16 and 64 rows the rows-on-M layout measured faster
+        # against 491 us for rows on M at 32 heads x 4096, the same at 16 heads x 2, and 293
+        # us with whole tiles by TMA (H100, docs/mla.md)
         return {"block_h": 32, "block_n": 16, "num_warps": 4, "num_stages": 2, "q_reload": 0,
-                "tokens_on_m": 1, "tma": 0, "num_splits": splits}  # fmt: skip
+                "tokens_on_m": 1, "tma": int(tma_capable() and page_size % 16 == 0),
+                "num_splits": splits}  # fmt: skip
     tile = 64 if block_h >= 64 else 32
-    fits = int(traits.get("page_size", 0)) % tile == 0
-    if big and block_h != 32 and allow_tma and tma_capable() and fits:
+    if big and tma_capable() and page_size % tile == 0:
         # whole tiles by TMA (rows on M): at 64 rows 64-token tiles, 8 warps, 2 stages, 297 /
         # 558 us against 468 / 930 us for pointer loads at 64 / 128 heads; at 16 rows 32-token
         # tiles, 229 against 244 us (H100, docs/mla.md)
@@ -157,14 +158,15 @@ def decode_default_config(traits: Traits, allow_tma: bool = True) -> Config:
 
 
 def decode_default_config_fp8(traits: Traits) -> Config:
-    """Untuned decode launch over an FP8 cache: the bf16 one without TMA (its speed over FP8
-    tiles is not measured yet; correct, `tests/gpu/test_mla_gpu.py`), with 32-token tiles
-    where it runs transposed (each tile is widened in registers before it is stored for the
-    MMAs, so larger tiles amortise more: 624 us against 670 us at 32 heads, H100,
-    docs/mla.md)."""
-    cfg = decode_default_config(traits, allow_tma=False)
+    """Untuned decode launch over an FP8 cache: the bf16 one, except that 32-row blocks
+    (transposed) take 32-token tiles by pointer loads. Each tile is widened in registers
+    before it is stored for the MMAs, so larger tiles amortise more (615 us against 661 us
+    for 16-token ones at 32 heads), and TMA measured slower there (851 us at 16 tokens); with
+    rows on M, TMA is 0.93x / 0.63x / 0.62x the time of pointer loads at 16 / 64 / 128
+    heads (H100, docs/mla.md)."""
+    cfg = decode_default_config(traits)
     if cfg["tokens_on_m"]:
-        cfg["block_n"] = 32
+        cfg.update(block_n=32, tma=0)
     return cfg
 
 
@@ -187,8 +189,10 @@ def decode_config_space(traits: Traits) -> list[Config]:
             tma=[0, 1],
         )
         if not (c["block_h"] == 64 and c["block_n"] == 64 and c["num_stages"] > 2)
-        # the transposed and the TMA kernels keep q in shared memory
+        # the transposed and the TMA kernels keep q in shared memory; a transposed TMA launch
+        # of 64-token tiles reads out of bounds (triton_decode._tma_ok)
         and not ((c["tokens_on_m"] or c["tma"]) and c["q_reload"])
+        and not (c["tokens_on_m"] and c["tma"] and c["block_n"] > 32)
     ]
 
 

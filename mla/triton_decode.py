@@ -29,8 +29,8 @@ Two programs load the tiles: ``_mla_decode_split_kernel`` gathers every tile by 
 loads; ``_mla_decode_split_kernel_tma`` (plan key ``tma``) fetches every whole tile by TMA
 (on Hopper and newer, when a tile fits in a page): no per-token address tensors, so 64-row
 blocks take 64-token tiles without spilling, 1.6x faster than pointer loads at 64 and 128
-heads on an H100; the plan takes it for 16- and 64-row blocks of a bf16 cache where the GPU
-and the page size allow (docs/mla.md). Both share the tile math (``_attend_tile``) and the
+heads on an H100; the plan takes it where the GPU and the page size allow, except for the
+transposed 32-row blocks over an FP8 cache (docs/mla.md). Both share the tile math (``_attend_tile``) and the
 epilogue (``_write_rows``) of either layout.
 
 FP8 caches are dequantised in registers to the query's dtype (per-tensor scale folded into
@@ -374,11 +374,14 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _tma_ok(cache: torch.Tensor, block_n: int, rope: int) -> bool:
+def _tma_ok(cache: torch.Tensor, block_n: int, rope: int, tokens_on_m: bool = False) -> bool:
     """Whether whole KV tiles can be fetched by TMA: Hopper or newer, a tile inside one page,
-    the pages' rows packed (a 2-D view with 16-byte aligned rows), a power-of-two rope dim."""
+    the pages' rows packed (a 2-D view with 16-byte aligned rows), a power-of-two rope dim.
+    Transposed launches take TMA only up to 32-token tiles: at 64, Triton 3.6's program read
+    out of bounds on an H100 (wrong rows, then an illegal address; 16 and 32 are correct)."""
     return (
-        cache.is_cuda
+        not (tokens_on_m and block_n > 32)
+        and cache.is_cuda
         and tma_capable()
         and cache.shape[1] % block_n == 0
         and cache.stride(1) == cache.shape[2]
@@ -474,7 +477,7 @@ def mla_decode(
         BLOCK_N=plan["block_n"], TOKENS_ON_M=plan["tokens_on_m"], num_warps=plan["num_warps"],
         num_stages=plan["num_stages"],
     )  # fmt: skip
-    if plan["tma"] and _tma_ok(cache, plan["block_n"], rope):
+    if plan["tma"] and _tma_ok(cache, plan["block_n"], rope, bool(plan["tokens_on_m"])):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         rows = cache.view(cache.shape[0] * page_size, dim)  # a tile's tokens are adjacent rows

@@ -138,7 +138,6 @@ def test_decode_tokens_on_m_ragged(block_h, block_n, warps, page, splits, fp8):
         (64, 64, 8, 0),
         (32, 16, 4, 1),
         (32, 32, 4, 1),
-        (32, 64, 4, 1),
     ],
 )
 @pytest.mark.parametrize("splits", [None, 1, 5])

@@ -104,6 +104,7 @@ def test_config_space_is_valid():
     assert space and all(set(c) == keys and c["block_h"] in (16, 32, 64) for c in space)
     assert not any((c["tokens_on_m"] or c["tma"]) and c["q_reload"] for c in space)
     assert any(c["tokens_on_m"] and c["tma"] for c in space)
+    assert not any(c["tokens_on_m"] and c["tma"] and c["block_n"] > 32 for c in space)
     assert set(configs.decode_default_config(traits)) == keys
 
 
@@ -126,18 +127,20 @@ def test_decode_default_layout_by_rows(heads, q_len, tokens_on_m):
 
 
 @pytest.mark.parametrize(
-    "heads,page,tma,block_n", [(16, 64, 1, 32), (64, 64, 1, 64), (64, 16, 0, 32), (32, 64, 0, 16)]
+    "heads,page,tma,block_n",
+    [(16, 64, 1, 32), (64, 64, 1, 64), (64, 16, 0, 32), (32, 64, 1, 16), (32, 8, 0, 16)],
 )
 def test_decode_default_takes_tma_on_hopper_where_tiles_fit_pages(monkeypatch, heads, page, tma,
                                                                   block_n):  # fmt: skip
-    """On a GPU with TMA, rows-on-M launches fetch whole tiles by TMA when a tile fits in a
-    page (64-token tiles at 64 rows, 32 at 16); without TMA they keep pointer loads."""
+    """On a GPU with TMA, launches fetch whole tiles by TMA when a tile fits in a page (64-token
+    tiles at 64 rows, 32 at 16, 16 at 32 transposed rows); without TMA they keep pointer loads.
+    Over an FP8 cache the transposed launch keeps pointer loads (TMA measured slower there)."""
     traits = {"num_heads": heads, "q_len": 1, "kv_lora_rank": 512, "batch": 128,
               "kv_len": 4096, "page_size": page}  # fmt: skip
     monkeypatch.setattr(configs, "tma_capable", lambda: True)
-    cfg = configs.decode_default_config(traits)
+    cfg, fp8 = configs.decode_default_config(traits), configs.decode_default_config_fp8(traits)
     assert (cfg["tma"], cfg["block_n"]) == (tma, block_n)
-    assert configs.decode_default_config_fp8(traits)["tma"] == 0  # not measured over FP8
+    assert fp8["tma"] == (0 if fp8["tokens_on_m"] else tma)
     monkeypatch.setattr(configs, "tma_capable", lambda: False)
     assert configs.decode_default_config(traits)["tma"] == 0
 
@@ -359,3 +362,17 @@ def test_cute_decode_builds_the_kernel_each_plan_names():
     # setmaxnreg moves registers within the launch's 168 x 384: 2 x 240 + 24 = 3 x 168
     assert 2 * regs.consumer_regs + regs.loader_regs == 3 * 168
     assert regs.mma_dtype is cutlass.Float16 and regs64.mma_dtype is cutlass.Float16
+
+
+def test_transposed_tma_refuses_64_token_tiles(monkeypatch):
+    """A transposed launch of 64-token tiles read out of bounds under TMA on an H100 (Triton
+    3.6), so it falls back to pointer loads; 32-token and rows-on-M launches keep TMA."""
+    import torch
+
+    from tokenspeed.mla import triton_decode
+
+    monkeypatch.setattr(triton_decode, "tma_capable", lambda: True)
+    cache = torch.empty(4, 64, 576, dtype=torch.bfloat16)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert triton_decode._tma_ok(cache, 64, 64) and triton_decode._tma_ok(cache, 32, 64, True)
+    assert not triton_decode._tma_ok(cache, 64, 64, True)

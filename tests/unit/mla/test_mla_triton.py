@@ -234,7 +234,7 @@ def test_decode_layouts(cache_kind, q_len, splits, layout, monkeypatch):
     from tokenspeed.mla import triton_decode
 
     if layout.endswith("tma"):
-        monkeypatch.setattr(triton_decode, "_tma_ok", lambda cache, block_n, rope: True)
+        monkeypatch.setattr(triton_decode, "_tma_ok", lambda *args: True)
     rank, rope, heads = 64, 32, 24
     seq = [q_len, 45, 0, 70]
     cache, tables = paged_latent(seq, 16, rank + rope, torch.float32, seed=q_len + splits)
