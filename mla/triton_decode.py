@@ -30,8 +30,8 @@ loads; ``_mla_decode_split_kernel_tma`` (plan key ``tma``) fetches every whole t
 (on Hopper and newer, when a tile fits in a page): no per-token address tensors, so 64-row
 blocks take 64-token tiles without spilling, 1.6x faster than pointer loads at 64 and 128
 heads on an H100; the plan takes it where the GPU and the page size allow, except for the
-transposed 32-row blocks over an FP8 cache (docs/mla.md). Both share the tile math (``_attend_tile``) and the
-epilogue (``_write_rows``) of either layout.
+transposed 32-row blocks over an FP8 cache (docs/mla.md). Both share the tile math
+(``_attend_tile``) and the epilogue (``_write_rows``) of either layout.
 
 FP8 caches are dequantised in registers to the query's dtype (per-tensor scale folded into
 the softmax scale and the output, per-token scales applied to the scores and to ``p``).
