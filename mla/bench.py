@@ -311,6 +311,7 @@ def compiled_kernel_stats() -> list[dict[str, Any]]:
 
     stats: list[dict[str, Any]] = []
     for module, name in (("triton_decode", "_mla_decode_split_kernel"),
+                         ("triton_decode", "_mla_decode_split_kernel_tma"),
                          ("triton_prefill", "_mla_prefill_kernel")):  # fmt: skip
         try:
             fn = getattr(importlib.import_module(f"tokenspeed.mla.{module}"), name)
