@@ -190,6 +190,44 @@ def _init_state(BLOCK_H: tl.constexpr, DV: tl.constexpr, TOKENS_ON_M: tl.constex
 
 
 @triton.jit
+def _split_range(seq_lens_ptr, b, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A request's length and this split's ``[start, end)`` of it, whole tiles per split."""
+    seq_len = tl.load(seq_lens_ptr + b)
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    return seq_len, start, tl.minimum(start + per_split, seq_len)
+
+
+@triton.jit
+def _kv_scales(qk_scale, kv_scale_ptr, SCALE_MODE: tl.constexpr):
+    """The scores' scale and the output's: a per-tensor FP8 scale folds into both."""
+    scale = qk_scale
+    out_scale = 1.0
+    if SCALE_MODE == 1:
+        out_scale = tl.load(kv_scale_ptr).to(tl.float32)
+        scale = qk_scale * out_scale
+    return scale, out_scale
+
+
+@triton.jit
+def _gather_tile(
+    kv_ptr, block_table_ptr, kv_scale_ptr, b, pos, tok_ok, page_size,
+    stride_bt, stride_kp, stride_ks, stride_sp, stride_ss, dv, dr, r_ok,
+    DV: tl.constexpr, PADDED: tl.constexpr,
+):  # fmt: skip
+    """A KV tile by pointer loads through the block table (rows past ``tok_ok`` read as 0):
+    its compressed and rope parts, and the addresses of its per-token scales."""
+    page = tl.load(block_table_ptr + b * stride_bt + pos // page_size, mask=tok_ok, other=0)
+    page = page.to(tl.int64)
+    slot_in_page = pos % page_size
+    kv_off = page * stride_kp + slot_in_page * stride_ks
+    kv_c = tl.load(kv_ptr + kv_off[:, None] + dv[None, :], mask=tok_ok[:, None], other=0.0)
+    k_r = tl.load(kv_ptr + kv_off[:, None] + DV + dr[None, :],
+                  mask=_rope_mask(tok_ok, r_ok, PADDED), other=0.0)  # fmt: skip
+    return kv_c, k_r, kv_scale_ptr + page * stride_sp + slot_in_page * stride_ss
+
+
+@triton.jit
 def _mla_decode_split_kernel(
     q_ptr, kv_ptr, block_table_ptr, seq_lens_ptr, kv_scale_ptr,
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
@@ -215,40 +253,28 @@ def _mla_decode_split_kernel(
     dr = tl.arange(0, BLOCK_R)  # the rope dims, padded to a dot's minimum K of 16
     r_ok = dr < DR  # all true unless DR < 16
 
-    seq_len = tl.load(seq_lens_ptr + b)
+    seq_len, start, end = _split_range(seq_lens_ptr, b, split, NUM_SPLITS, BLOCK_N)
     q_pos = seq_len - q_len + t  # kv position of each row's query token (causal bound)
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per_split
-    end = tl.minimum(start + per_split, seq_len)
 
     q_off = b * stride_qb + t * stride_qt + h * stride_qh
     q_c, q_r = _load_q(q_ptr, q_off, row_ok, dv, dr, r_ok, DV, BLOCK_R != DR, TOKENS_ON_M)
     compute_ty = q_ptr.dtype.element_ty
-
-    scale = qk_scale
-    out_scale = 1.0
-    if SCALE_MODE == 1:
-        out_scale = tl.load(kv_scale_ptr).to(tl.float32)
-        scale = qk_scale * out_scale
+    scale, out_scale = _kv_scales(qk_scale, kv_scale_ptr, SCALE_MODE)
 
     m_i, l_i, acc = _init_state(BLOCK_H, DV, TOKENS_ON_M)
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         tok_ok = pos < end
-        page = tl.load(block_table_ptr + b * stride_bt + pos // page_size, mask=tok_ok, other=0)
-        page = page.to(tl.int64)
-        slot_in_page = pos % page_size
-        kv_off = page * stride_kp + slot_in_page * stride_ks
-        kv_c = tl.load(kv_ptr + kv_off[:, None] + dv[None, :], mask=tok_ok[:, None], other=0.0)
-        k_r = tl.load(kv_ptr + kv_off[:, None] + DV + dr[None, :],
-                      mask=_rope_mask(tok_ok, r_ok, BLOCK_R != DR), other=0.0)  # fmt: skip
+        kv_c, k_r, scale_ptrs = _gather_tile(
+            kv_ptr, block_table_ptr, kv_scale_ptr, b, pos, tok_ok, page_size,
+            stride_bt, stride_kp, stride_ks, stride_sp, stride_ss, dv, dr, r_ok, DV, BLOCK_R != DR,
+        )  # fmt: skip
         kv_c = kv_c.to(compute_ty)
         k_r = k_r.to(compute_ty)
 
         if Q_RELOAD:  # re-read q (L1/L2 hits) instead of holding it across the loop
             q_c, q_r = _load_q(q_ptr, q_off, row_ok, dv, dr, r_ok, DV, BLOCK_R != DR,
                                TOKENS_ON_M)  # fmt: skip
-        scale_ptrs = kv_scale_ptr + page * stride_sp + slot_in_page * stride_ss
         m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c, k_r, scale_ptrs, pos, tok_ok, q_pos, m_i, l_i,
                                      acc, scale, SCALE_MODE, DOT_PRECISION,
                                      TOKENS_ON_M)  # fmt: skip
@@ -287,22 +313,14 @@ def _mla_decode_split_kernel_tma(
     dr = tl.arange(0, DR)
     tn = tl.arange(0, BLOCK_N)
 
-    seq_len = tl.load(seq_lens_ptr + b)
+    seq_len, start, end = _split_range(seq_lens_ptr, b, split, NUM_SPLITS, BLOCK_N)
     q_pos = seq_len - q_len + t
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per_split
-    end = tl.minimum(start + per_split, seq_len)
     whole_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
 
     q_off = b * stride_qb + t * stride_qt + h * stride_qh
     q_c, q_r = _load_q(q_ptr, q_off, row_ok, dv, dr, dr >= 0, DV, False, TOKENS_ON_M)
     compute_ty = q_ptr.dtype.element_ty
-
-    scale = qk_scale
-    out_scale = 1.0
-    if SCALE_MODE == 1:
-        out_scale = tl.load(kv_scale_ptr).to(tl.float32)
-        scale = qk_scale * out_scale
+    scale, out_scale = _kv_scales(qk_scale, kv_scale_ptr, SCALE_MODE)
 
     m_i, l_i, acc = _init_state(BLOCK_H, DV, TOKENS_ON_M)
     all_ok = tn >= 0
@@ -321,14 +339,10 @@ def _mla_decode_split_kernel_tma(
     if whole_end < end:
         pos = whole_end + tn
         tok_ok = pos < end
-        page = tl.load(block_table_ptr + b * stride_bt + pos // page_size, mask=tok_ok, other=0)
-        page = page.to(tl.int64)
-        slot_in_page = pos % page_size
-        kv_off = page * stride_kp + slot_in_page * stride_ks
-        kv_c = tl.load(kv_ptr + kv_off[:, None] + dv[None, :], mask=tok_ok[:, None], other=0.0)
-        k_r = tl.load(kv_ptr + kv_off[:, None] + DV + dr[None, :], mask=tok_ok[:, None],
-                      other=0.0)  # fmt: skip
-        scale_ptrs = kv_scale_ptr + page * stride_sp + slot_in_page * stride_ss
+        kv_c, k_r, scale_ptrs = _gather_tile(
+            kv_ptr, block_table_ptr, kv_scale_ptr, b, pos, tok_ok, page_size,
+            stride_bt, stride_kp, stride_ks, stride_sp, stride_ss, dv, dr, dr >= 0, DV, False,
+        )  # fmt: skip
         m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c.to(compute_ty), k_r.to(compute_ty), scale_ptrs,
                                      pos, tok_ok, q_pos, m_i, l_i, acc, scale, SCALE_MODE,
                                      DOT_PRECISION, TOKENS_ON_M)  # fmt: skip
