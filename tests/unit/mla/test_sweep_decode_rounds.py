@@ -72,3 +72,15 @@ def test_batch_sets_the_requests_the_metrics_count(sweep, monkeypatch):
     got = sweep._metrics(64, 1, 100.0, bounds, "")
     assert got["tflops"] == pytest.approx(base["tflops"] * 132 / 128)
     assert got["gbps"] == pytest.approx(base["gbps"] * 132 / 128)
+
+
+def test_other_triton_modules_are_timed_after_the_first_variant(load_script):
+    """``sweep_triton_modules.py`` adds ``triton <module>`` for each module named, right after
+    the reference variant, and ``--variants`` still selects."""
+    script = SCRIPT.with_name("sweep_triton_modules.py")
+    mods = load_script(script, siblings=True)
+    variants = mods.with_modules(["triton_decode"])
+    names = [name for name, _ in variants(16, 1)]
+    assert names[:3] == ["triton default", "triton triton_decode", "registry"]
+    picked = variants(16, 1, {"triton default", "triton triton_decode"})
+    assert [name for name, _ in picked] == ["triton default", "triton triton_decode"]
