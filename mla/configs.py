@@ -159,14 +159,14 @@ def decode_default_config(traits: Traits) -> Config:
 
 def decode_default_config_fp8(traits: Traits) -> Config:
     """Untuned decode launch over an FP8 cache: the bf16 one, except that 32-row blocks
-    (transposed) take 32-token tiles by pointer loads. Each tile is widened in registers
-    before it is stored for the MMAs, so larger tiles amortise more (615 us against 661 us
-    for 16-token ones at 32 heads), and TMA measured slower there (851 us at 16 tokens); with
-    rows on M, TMA is 0.93x / 0.63x / 0.62x the time of pointer loads at 16 / 64 / 128
-    heads (H100, docs/mla.md)."""
+    (transposed) take pointer loads. With f16 products, 16-token tiles: 412 us at 32 heads
+    (per-token scales), against 458 us by TMA and 567 us for 32-token tiles by pointers
+    (H200; with bf16 products 32-token tiles led, 615 against 661 us on an H100). With rows
+    on M, TMA is 0.93x / 0.63x / 0.62x the time of pointer loads at 16 / 64 / 128 heads
+    (H100, docs/mla.md)."""
     cfg = decode_default_config(traits)
     if cfg["tokens_on_m"]:
-        cfg.update(block_n=32, tma=0)
+        cfg.update(block_n=16, tma=0)
     return cfg
 
 

@@ -33,8 +33,15 @@ heads on an H100; the plan takes it where the GPU and the page size allow, excep
 transposed 32-row blocks over an FP8 cache (docs/mla.md). Both share the tile math
 (``_attend_tile``) and the epilogue (``_write_rows``) of either layout.
 
-FP8 caches are dequantised in registers to the query's dtype (per-tensor scale folded into
-the softmax scale and the output, per-token scales applied to the scores and to ``p``).
+FP8 caches are widened in registers to f16 for an f16 query, and for a bf16 one in blocks of
+up to 32 rows (one conversion per pair of values; to bf16 it takes four; 0.68-0.89x the time
+of bf16 products at 16 and 32 heads on an H200): the kernel converts the query to f16
+scaled by 2^-4 (``Q_F16_SCALE``) and scales the scores back. In 64-row blocks a bf16 query
+keeps bf16 products (converted there, the query is held in registers and the launch
+spills); a float32 query takes float32 products. A per-tensor scale folds into the softmax
+scale and the output; per-token scales multiply the scores, and with f16 products enter
+``p`` relative to the largest scale seen so far (``_value_scales``), which keeps ``p``
+within [0, 1] and away from f16's subnormals however small the cache's scales.
 """
 
 from __future__ import annotations
@@ -51,6 +58,12 @@ from .configs import plan_decode, tma_capable
 _LOG2E = 1.4426950408889634
 
 SCALE_NONE, SCALE_TENSOR, SCALE_TOKEN = 0, 1, 2
+
+# A bf16 query over an FP8 cache is scaled by 2^-4 into f16's range (to ~1e6), as in the
+# CuTe kernels (mla/fp8_widen.py); the scores undo it in float32. The kernels take the factor
+# as a run-time argument: as a constant, the compiler narrowed ``(q.to(f32) * 2^-4).to(f16)``
+# to an f16 multiply after the conversion, where a query past 65504 overflows first.
+Q_F16_SCALE = 2.0**-4
 
 
 @triton.jit
@@ -80,8 +93,9 @@ def _load_q(q_ptr, q_off, row_ok, dv, dr, r_ok, DV: tl.constexpr, PADDED: tl.con
 
 @triton.jit
 def _attend_tile(
-    q_c, q_r, kv_c, k_r, tok_scale_ptrs, pos, tok_ok, q_pos, m_i, l_i, acc, scale,
+    q_c, q_r, kv_c, k_r, tok_scale_ptrs, pos, tok_ok, q_pos, m_i, l_i, acc, v_scale, scale,
     SCALE_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr, TOKENS_ON_M: tl.constexpr,
+    P_RELATIVE: tl.constexpr,
 ):  # fmt: skip
     """One KV tile into a row block's online softmax: scores, mask, rescale, P @ V.
 
@@ -91,6 +105,10 @@ def _attend_tile(
     products can come from shared memory (Hopper's ``wgmma`` needs 64 on M per warp group,
     which rows on M only reach at 64 rows). ``tok_scale_ptrs`` address the tile's per-token
     scales (read only when SCALE_MODE is 2).
+
+    With f16 products (``P_RELATIVE``) per-token scales enter ``p`` relative to ``v_scale``,
+    the largest scale seen so far (the output is ``acc * v_scale``): ``p * s / v_scale``
+    stays within [0, 1], so the products keep f16's precision however small the scales.
     """
     if TOKENS_ON_M:
         s = tl.dot(kv_c, q_c, input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_H]
@@ -107,10 +125,15 @@ def _attend_tile(
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
+        alpha_o = alpha
         if SCALE_MODE == 2:
-            p = p * tok_scale[:, None]
-        acc = acc * alpha[None, :] + tl.dot(tl.trans(kv_c), p.to(kv_c.dtype),
-                                            input_precision=DOT_PRECISION)  # fmt: skip
+            if P_RELATIVE:
+                p_scale, alpha_o, v_scale = _value_scales(tok_scale, v_scale, alpha)
+                p = p * p_scale[:, None]
+            else:
+                p = p * tok_scale[:, None]
+        acc = acc * alpha_o[None, :] + tl.dot(tl.trans(kv_c), p.to(kv_c.dtype),
+                                              input_precision=DOT_PRECISION)  # fmt: skip
     else:
         s = tl.dot(q_c, tl.trans(kv_c), input_precision=DOT_PRECISION)
         s = tl.dot(q_r, tl.trans(k_r), acc=s, input_precision=DOT_PRECISION)
@@ -126,10 +149,25 @@ def _attend_tile(
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        alpha_o = alpha
         if SCALE_MODE == 2:
-            p = p * tok_scale[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(kv_c.dtype), kv_c, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
+            if P_RELATIVE:
+                p_scale, alpha_o, v_scale = _value_scales(tok_scale, v_scale, alpha)
+                p = p * p_scale[None, :]
+            else:
+                p = p * tok_scale[None, :]
+        acc = acc * alpha_o[:, None] + tl.dot(p.to(kv_c.dtype), kv_c,
+                                              input_precision=DOT_PRECISION)  # fmt: skip
+    return m_new, l_i, acc, v_scale
+
+
+@triton.jit
+def _value_scales(tok_scale, v_scale, alpha):
+    """A tile's per-token scales relative to the largest seen so far: ``p``'s factor, the
+    output's rescale (``alpha`` times the old largest over the new) and the new largest."""
+    v_new = tl.maximum(v_scale, tl.max(tok_scale, axis=0))
+    inv_v = tl.where(v_new > 0.0, 1.0 / tl.where(v_new > 0.0, v_new, 1.0), 0.0)
+    return tok_scale * inv_v, alpha * (v_scale * inv_v), v_new
 
 
 @triton.jit
@@ -179,14 +217,15 @@ def _block_rows(rb, rows_per_group, blocks_per_group, fold, num_heads, BLOCK_H: 
 
 @triton.jit
 def _init_state(BLOCK_H: tl.constexpr, DV: tl.constexpr, TOKENS_ON_M: tl.constexpr):
-    """Running max, denominator and output accumulator of an empty online softmax."""
+    """Running max, denominator, output accumulator and the accumulator's scale (the largest
+    per-token cache scale seen, when there are any) of an empty online softmax."""
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     if TOKENS_ON_M:
         acc = tl.zeros([DV, BLOCK_H], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_H, DV], dtype=tl.float32)
-    return m_i, l_i, acc
+    return m_i, l_i, acc, tl.zeros([], dtype=tl.float32)
 
 
 @triton.jit
@@ -199,14 +238,28 @@ def _split_range(seq_lens_ptr, b, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
-def _kv_scales(qk_scale, kv_scale_ptr, SCALE_MODE: tl.constexpr):
-    """The scores' scale and the output's: a per-tensor FP8 scale folds into both."""
+def _kv_scales(qk_scale, q_f16_scale, kv_scale_ptr, SCALE_MODE: tl.constexpr,
+               F16_QUERY: tl.constexpr):  # fmt: skip
+    """The scores' scale and the output's: a per-tensor FP8 scale folds into both, and the
+    scores undo the query's f16 scaling."""
     scale = qk_scale
     out_scale = 1.0
     if SCALE_MODE == 1:
         out_scale = tl.load(kv_scale_ptr).to(tl.float32)
         scale = qk_scale * out_scale
+    if F16_QUERY:
+        scale = scale / q_f16_scale
     return scale, out_scale
+
+
+@triton.jit
+def _products_query(q_c, q_r, q_f16_scale, F16_QUERY: tl.constexpr):
+    """The query as the products take it: a bf16 query over an FP8 cache in f16, scaled into
+    its range."""
+    if F16_QUERY:
+        q_c = (q_c.to(tl.float32) * q_f16_scale).to(tl.float16)
+        q_r = (q_r.to(tl.float32) * q_f16_scale).to(tl.float16)
+    return q_c, q_r
 
 
 @triton.jit
@@ -231,7 +284,7 @@ def _gather_tile(
 def _mla_decode_split_kernel(
     q_ptr, kv_ptr, block_table_ptr, seq_lens_ptr, kv_scale_ptr,
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
-    qk_scale,
+    qk_scale, q_f16_scale,
     num_heads, q_len, fold, rows_per_group, blocks_per_group, page_size,
     stride_qb, stride_qt, stride_qh,
     stride_kp, stride_ks,
@@ -241,7 +294,8 @@ def _mla_decode_split_kernel(
     DV: tl.constexpr, DR: tl.constexpr, BLOCK_R: tl.constexpr,
     NUM_SPLITS: tl.constexpr, SCALE_MODE: tl.constexpr, WRITE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    Q_RELOAD: tl.constexpr, TOKENS_ON_M: tl.constexpr,
+    Q_RELOAD: tl.constexpr, TOKENS_ON_M: tl.constexpr, F16_QUERY: tl.constexpr,
+    P_RELATIVE: tl.constexpr,
 ):  # fmt: skip
     """One row block of one request over one split, every tile gathered by pointer loads."""
     rb = tl.program_id(0)
@@ -258,10 +312,11 @@ def _mla_decode_split_kernel(
 
     q_off = b * stride_qb + t * stride_qt + h * stride_qh
     q_c, q_r = _load_q(q_ptr, q_off, row_ok, dv, dr, r_ok, DV, BLOCK_R != DR, TOKENS_ON_M)
-    compute_ty = q_ptr.dtype.element_ty
-    scale, out_scale = _kv_scales(qk_scale, kv_scale_ptr, SCALE_MODE)
+    q_c, q_r = _products_query(q_c, q_r, q_f16_scale, F16_QUERY)
+    compute_ty = q_c.dtype
+    scale, out_scale = _kv_scales(qk_scale, q_f16_scale, kv_scale_ptr, SCALE_MODE, F16_QUERY)
 
-    m_i, l_i, acc = _init_state(BLOCK_H, DV, TOKENS_ON_M)
+    m_i, l_i, acc, v_scale = _init_state(BLOCK_H, DV, TOKENS_ON_M)
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         tok_ok = pos < end
@@ -275,10 +330,13 @@ def _mla_decode_split_kernel(
         if Q_RELOAD:  # re-read q (L1/L2 hits) instead of holding it across the loop
             q_c, q_r = _load_q(q_ptr, q_off, row_ok, dv, dr, r_ok, DV, BLOCK_R != DR,
                                TOKENS_ON_M)  # fmt: skip
-        m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c, k_r, scale_ptrs, pos, tok_ok, q_pos, m_i, l_i,
-                                     acc, scale, SCALE_MODE, DOT_PRECISION,
-                                     TOKENS_ON_M)  # fmt: skip
+            q_c, q_r = _products_query(q_c, q_r, q_f16_scale, F16_QUERY)
+        m_i, l_i, acc, v_scale = _attend_tile(q_c, q_r, kv_c, k_r, scale_ptrs, pos, tok_ok, q_pos,
+                                              m_i, l_i, acc, v_scale, scale, SCALE_MODE,
+                                              DOT_PRECISION, TOKENS_ON_M, P_RELATIVE)  # fmt: skip
 
+    if P_RELATIVE:
+        out_scale = out_scale * v_scale
     _write_rows(acc, m_i, l_i, out_scale, b, t, h, row_ok, split, out_ptr, lse_ptr, part_out_ptr,
                 part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh, DV, NUM_SPLITS,
                 WRITE_LSE, TOKENS_ON_M)  # fmt: skip
@@ -288,7 +346,7 @@ def _mla_decode_split_kernel(
 def _mla_decode_split_kernel_tma(
     q_ptr, kv_ptr, kv_c_desc, k_r_desc, block_table_ptr, seq_lens_ptr, kv_scale_ptr,
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
-    qk_scale,
+    qk_scale, q_f16_scale,
     num_heads, q_len, fold, rows_per_group, blocks_per_group, page_size,
     stride_qb, stride_qt, stride_qh,
     stride_kp, stride_ks,
@@ -298,7 +356,7 @@ def _mla_decode_split_kernel_tma(
     DV: tl.constexpr, DR: tl.constexpr,
     NUM_SPLITS: tl.constexpr, SCALE_MODE: tl.constexpr, WRITE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    TOKENS_ON_M: tl.constexpr,
+    TOKENS_ON_M: tl.constexpr, F16_QUERY: tl.constexpr, P_RELATIVE: tl.constexpr,
 ):  # fmt: skip
     """The same program with every whole KV tile fetched by TMA (a tile lies in one page, so
     its rows are contiguous): no per-token addresses, nothing staged through registers. The
@@ -319,10 +377,11 @@ def _mla_decode_split_kernel_tma(
 
     q_off = b * stride_qb + t * stride_qt + h * stride_qh
     q_c, q_r = _load_q(q_ptr, q_off, row_ok, dv, dr, dr >= 0, DV, False, TOKENS_ON_M)
-    compute_ty = q_ptr.dtype.element_ty
-    scale, out_scale = _kv_scales(qk_scale, kv_scale_ptr, SCALE_MODE)
+    q_c, q_r = _products_query(q_c, q_r, q_f16_scale, F16_QUERY)
+    compute_ty = q_c.dtype
+    scale, out_scale = _kv_scales(qk_scale, q_f16_scale, kv_scale_ptr, SCALE_MODE, F16_QUERY)
 
-    m_i, l_i, acc = _init_state(BLOCK_H, DV, TOKENS_ON_M)
+    m_i, l_i, acc, v_scale = _init_state(BLOCK_H, DV, TOKENS_ON_M)
     all_ok = tn >= 0
 
     for n0 in range(start, whole_end, BLOCK_N):
@@ -332,9 +391,9 @@ def _mla_decode_split_kernel_tma(
         kv_c = kv_c_desc.load([row, 0]).to(compute_ty)
         k_r = k_r_desc.load([row, DV]).to(compute_ty)
         scale_ptrs = kv_scale_ptr + page * stride_sp + (slot + tn) * stride_ss
-        m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c, k_r, scale_ptrs, n0 + tn, all_ok, q_pos,
-                                     m_i, l_i, acc, scale, SCALE_MODE, DOT_PRECISION,
-                                     TOKENS_ON_M)  # fmt: skip
+        m_i, l_i, acc, v_scale = _attend_tile(q_c, q_r, kv_c, k_r, scale_ptrs, n0 + tn, all_ok,
+                                              q_pos, m_i, l_i, acc, v_scale, scale, SCALE_MODE,
+                                              DOT_PRECISION, TOKENS_ON_M, P_RELATIVE)  # fmt: skip
 
     if whole_end < end:
         pos = whole_end + tn
@@ -343,10 +402,13 @@ def _mla_decode_split_kernel_tma(
             kv_ptr, block_table_ptr, kv_scale_ptr, b, pos, tok_ok, page_size,
             stride_bt, stride_kp, stride_ks, stride_sp, stride_ss, dv, dr, dr >= 0, DV, False,
         )  # fmt: skip
-        m_i, l_i, acc = _attend_tile(q_c, q_r, kv_c.to(compute_ty), k_r.to(compute_ty), scale_ptrs,
-                                     pos, tok_ok, q_pos, m_i, l_i, acc, scale, SCALE_MODE,
-                                     DOT_PRECISION, TOKENS_ON_M)  # fmt: skip
+        m_i, l_i, acc, v_scale = _attend_tile(q_c, q_r, kv_c.to(compute_ty), k_r.to(compute_ty),
+                                              scale_ptrs, pos, tok_ok, q_pos, m_i, l_i, acc,
+                                              v_scale, scale, SCALE_MODE, DOT_PRECISION,
+                                              TOKENS_ON_M, P_RELATIVE)  # fmt: skip
 
+    if P_RELATIVE:
+        out_scale = out_scale * v_scale
     _write_rows(acc, m_i, l_i, out_scale, b, t, h, row_ok, split, out_ptr, lse_ptr, part_out_ptr,
                 part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh, DV, NUM_SPLITS,
                 WRITE_LSE, TOKENS_ON_M)  # fmt: skip
@@ -473,11 +535,16 @@ def mla_decode(
     else:
         scale_t = kv_scale if kv_scale is not None else out
         stride_sp = stride_ss = 0
+    # f16 products over an FP8 cache for a 16-bit query; a bf16 one is converted in the kernel
+    # up to 32-row blocks (at 64 rows the converted query is held in registers as the MMA's A
+    # operand and the launch spills, 1.2-1.8x slower on an H200: bf16 products stay there)
+    f16_query = scale_mode != SCALE_NONE and query.dtype == torch.bfloat16 and plan["block_h"] <= 32
+    f16_products = scale_mode != SCALE_NONE and (query.dtype == torch.float16 or f16_query)
     grid = (plan["row_blocks"], splits, batch)
     common = (
         block_tables, seq_lens, scale_t,
         out, lse, part_out, part_lse,
-        softmax_scale * _LOG2E,
+        softmax_scale * _LOG2E, Q_F16_SCALE,
         heads, q_len, plan["fold"], plan["rows_per_group"], plan["blocks_per_group"], page_size,
         query.stride(0), query.stride(1), query.stride(2),
         cache.stride(0), cache.stride(1),
@@ -488,8 +555,9 @@ def mla_decode(
     meta = dict(
         DV=kv_lora_rank, DR=rope, NUM_SPLITS=splits, SCALE_MODE=scale_mode, WRITE_LSE=return_lse,
         DOT_PRECISION=_dot_precision(query.dtype), BLOCK_H=plan["block_h"],
-        BLOCK_N=plan["block_n"], TOKENS_ON_M=plan["tokens_on_m"], num_warps=plan["num_warps"],
-        num_stages=plan["num_stages"],
+        BLOCK_N=plan["block_n"], TOKENS_ON_M=plan["tokens_on_m"],
+        F16_QUERY=f16_query, P_RELATIVE=scale_mode == SCALE_TOKEN and f16_products,
+        num_warps=plan["num_warps"], num_stages=plan["num_stages"],
     )  # fmt: skip
     if plan["tma"] and _tma_ok(cache, plan["block_n"], rope, bool(plan["tokens_on_m"])):
         from triton.tools.tensor_descriptor import TensorDescriptor

@@ -180,6 +180,35 @@ def test_decode_tma_ragged(block_h, block_n, warps, tokens_on_m, splits, cache_k
 
 @pytest.mark.skipif(not _fp8_ok(), reason="FP8 e4m3 needs compute capability >= 8.9")
 @pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("q_mag", [1e5, 1e-3])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"block_h": 16, "block_n": 32, "num_warps": 4, "tma": 0, "tokens_on_m": 0},
+        {"block_h": 16, "block_n": 32, "num_warps": 4, "tma": 1, "tokens_on_m": 0},
+        {"block_h": 32, "block_n": 32, "num_warps": 4, "tma": 0, "tokens_on_m": 1},
+        {"block_h": 64, "block_n": 64, "num_warps": 8, "tma": 1, "tokens_on_m": 0},
+    ],
+)
+def test_decode_fp8_query_range(cfg, q_mag, per_token):
+    """Over an FP8 cache the Triton products run in f16, the query scaled into its range:
+    query values of 1e5 (past f16's 65504) and 1e-3 (near its subnormals) give the same
+    attention as the reference, the softmax scale compensating."""
+    from tokenspeed.mla import reference, triton_decode
+
+    q, cache, tables, lens = _decode_problem(6, 40, 1, 900, 64, ragged=True, seed=3)
+    scale = (torch.empty(cache.shape[:2], dtype=torch.float32, device="cuda") if per_token
+             else cache.float().abs().amax().reshape(1) / 448)  # fmt: skip
+    fp8 = _store_fp8(cache, scale)
+    q = (q.float() * q_mag).bfloat16()
+    res = triton_decode.mla_decode(q, fp8, tables, lens, SCALE / q_mag, kv_scale=scale,
+                                   num_splits=2, config=dict(cfg, num_stages=2))  # fmt: skip
+    exp = reference.mla_decode(q, fp8, tables, lens, SCALE / q_mag, kv_scale=scale)
+    _check(res, exp)
+
+
+@pytest.mark.skipif(not _fp8_ok(), reason="FP8 e4m3 needs compute capability >= 8.9")
+@pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("heads,q_len", [(16, 1), (32, 1), (64, 2), (128, 1)])
 def test_decode_fp8_flashmla_shapes(heads, q_len, per_token):
     from tokenspeed.mla import mla_decode, reference

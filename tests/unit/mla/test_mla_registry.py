@@ -112,14 +112,14 @@ def test_config_space_is_valid():
     "heads,q_len,tokens_on_m", [(16, 1, 0), (32, 1, 1), (16, 2, 1), (64, 1, 0), (128, 2, 0)]
 )
 def test_decode_default_layout_by_rows(heads, q_len, tokens_on_m):
-    """32-row blocks run transposed (KV tokens on M), 16 and 64 rows keep rows on M; over an
-    FP8 cache the transposed launch takes 32-token tiles, the bf16 one 16."""
+    """32-row blocks run transposed (KV tokens on M) in 16-token tiles, 16 and 64 rows keep
+    rows on M; over an FP8 cache the transposed launch keeps pointer loads."""
     traits = {"num_heads": heads, "q_len": q_len, "kv_lora_rank": 512, "batch": 128,
               "kv_len": 4096}  # fmt: skip
     bf16, fp8 = configs.decode_default_config(traits), configs.decode_default_config_fp8(traits)
     assert bf16["tokens_on_m"] == fp8["tokens_on_m"] == tokens_on_m
     if tokens_on_m:
-        assert (bf16["block_h"], bf16["block_n"], fp8["block_n"]) == (32, 16, 32)
+        assert (bf16["block_h"], bf16["block_n"], fp8["block_n"], fp8["tma"]) == (32, 16, 16, 0)
     else:
         assert fp8 == bf16
     plan = configs.plan_decode(128, q_len, heads, 4096, 64, fp8=True)

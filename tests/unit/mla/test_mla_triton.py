@@ -110,6 +110,54 @@ def test_decode_fp8_cache(per_token, splits):
     torch.testing.assert_close(lse.double(), exp_lse, **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("magnitude", [1e-5, 1.0, 20.0])
+@pytest.mark.parametrize("layout", ["rows_on_m", "tokens_on_m", "rows_on_m_tma"])
+@pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16])
+def test_decode_fp8_cache_f16_products(q_dtype, per_token, magnitude, layout, monkeypatch):
+    """A 16-bit query over an FP8 cache multiplies in f16 (a bf16 query scaled into f16's
+    range by the launcher, with values past its 65504; per-token scales taken relative to the
+    largest seen): caches far below f16's normal range and near its top keep f16's
+    precision, with splits and an empty request."""
+    from tokenspeed.mla import triton_decode
+
+    if layout.endswith("tma"):
+        monkeypatch.setattr(triton_decode, "_tma_ok", lambda *args: True)
+    rank, rope, heads, page = 64, 32, 8, 16
+    seq = [17, 0, 60]
+    real, tables = paged_latent(seq, page, rank + rope, torch.float32, seed=5)
+    # per-token magnitudes spread over 2^8 so the running largest scale moves along a request
+    real = real * magnitude * torch.exp2(torch.randint(0, 9, real.shape[:2]).float())[..., None]
+    if per_token:
+        scale = (real.abs().amax(-1) / 448).clamp_min(1e-30)
+        fp8 = (real / scale[..., None]).to(FP8)
+    else:
+        scale = torch.tensor([real.abs().max().item() / 448])
+        fp8 = (real / scale).to(FP8)
+    q = torch.randn(3, 2, heads, rank + rope) * 3
+    softmax_scale = 0.25
+    if q_dtype == torch.bfloat16:  # past f16's range, the softmax scale compensating
+        q, softmax_scale = q * 2e4, softmax_scale / 2e4
+    q = q.to(q_dtype)
+    out = torch.full((*q.shape[:3], rank), float("nan"), dtype=q_dtype)
+    res, lse = triton_decode.mla_decode(
+        q, fp8, tables, torch.tensor(seq, dtype=torch.int32), softmax_scale, out=out,
+        return_lse=True,
+        kv_scale=scale, kv_lora_rank=rank, num_splits=2,
+        config={"tokens_on_m": int(layout.startswith("tokens")), "tma": int(layout.endswith("tma")),
+                "block_h": 16, "block_n": 16, "num_warps": 4, "num_stages": 1},
+    )  # fmt: skip
+    exp, exp_lse = decode64(q, fp8.float(), tables, seq, softmax_scale, rank, kv_scale=scale)
+    unit = float(exp.abs().max())
+    assert torch.all(res[1] == 0) and torch.all(lse[1] == float("-inf"))
+    # f16 products and output: ~4e-4 of the largest output; with the bf16 query's logits of
+    # ~10 the f16 rounding of the query moves them by ~5e-3, and a bf16 output rounds 8x coarser
+    atol = 1e-3 if q_dtype == torch.float16 else 1e-2
+    torch.testing.assert_close(res.double() / unit, exp / unit, atol=atol, rtol=0)
+    keep = [0, 2]
+    torch.testing.assert_close(lse[keep].double(), exp_lse[keep], atol=2e-3, rtol=2e-3)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("block", [(16, 16), (32, 16)])
