@@ -191,9 +191,10 @@ def test_decode_tma_ragged(block_h, block_n, warps, tokens_on_m, splits, cache_k
     ],
 )
 def test_decode_fp8_query_range(cfg, q_mag, per_token):
-    """Over an FP8 cache the Triton products run in f16, the query scaled into its range:
-    query values of 1e5 (past f16's 65504) and 1e-3 (near its subnormals) give the same
-    attention as the reference, the softmax scale compensating."""
+    """Over an FP8 cache the Triton products run in f16 up to 32-row blocks, the query scaled
+    into its range (64-row blocks multiply in bf16): query values of 1e5 (past f16's 65504)
+    and 1e-3 (near its subnormals) give the same attention as the reference, the softmax
+    scale compensating."""
     from tokenspeed.mla import reference, triton_decode
 
     q, cache, tables, lens = _decode_problem(6, 40, 1, 900, 64, ragged=True, seed=3)
