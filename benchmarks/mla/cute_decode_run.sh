@@ -18,8 +18,12 @@ elif [ "${1:-}" = "readings" ]; then
   timeout 300 python3 benchmarks/mla/sweep_decode.py --heads 16,32,64,128 --q-lens 1,2 \
     --fp8 token --interleave 6 --variants "registry" \
     --out $OUT/sweep_fp8_registry_all.json 2>&1 | tail -10
+elif [ "${1:-}" = "pairs64" ]; then
+  timeout 300 python3 benchmarks/mla/sweep_decode.py --heads 64 --interleave 10 \
+    --variants "registry,flashinfer fa3,cute pairs t32,cute pairs t32 lazy,cute pairs t64 rope,cute ablation l2_loads,cute pairs t32 ablation l2_loads" \
+    --out $OUT/sweep_bf16_pairs64.json 2>&1 | grep -v "^{" | tail -10
 else
-  echo "usage: cute_decode_run.sh tests|readings" >&2
+  echo "usage: cute_decode_run.sh tests|readings|pairs64" >&2
   exit 2
 fi
 nvidia-smi --query-gpu=name,clocks.sm --format=csv
