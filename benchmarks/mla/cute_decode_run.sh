@@ -4,7 +4,10 @@
 #   run(command="bash benchmarks/mla/cute_decode_run.sh readings", carry=[".whl-peer"])
 # after `bash benchmarks/mla/peer_wheels.sh` here. "tests": every CuTe decode GPU test, the MLA
 # kernel tests and the DeepSeek-V3 engine tests (~500 s on an H100); "readings": every
-# FlashMLA shape's registry, FlashInfer beside bf16, then FP8 at q_len 1 and 2 (~400 s).
+# FlashMLA shape's registry, FlashInfer beside bf16, then FP8 at q_len 1 and 2 (~400 s);
+# "pairs64": the bf16 64-head shape, where the H200 read 80 % of copy against FlashInfer's 85
+# % (forty-second session): the pairs kernel's tiles and rope release, and its ring filled
+# from L2, beside FlashInfer (~120 s).
 source benchmarks/mla/peer_wheels.sh --install
 if [ "${1:-}" = "tests" ]; then
   # the log comes back with $OUT even when the limit cuts the run short (its dots count)
