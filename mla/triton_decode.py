@@ -172,15 +172,18 @@ def _value_scales(tok_scale, v_scale, alpha):
 
 @triton.jit
 def _write_rows(
-    acc, m_i, l_i, out_scale, b, t, h, row_ok, split,
+    acc, m_i, l_i, out_scale, v_scale, b, t, h, row_ok, split,
     out_ptr, lse_ptr, part_out_ptr, part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh,
     DV: tl.constexpr, NUM_SPLITS: tl.constexpr, WRITE_LSE: tl.constexpr,
-    TOKENS_ON_M: tl.constexpr,
+    TOKENS_ON_M: tl.constexpr, P_RELATIVE: tl.constexpr,
 ):  # fmt: skip
     """A row block's result: the output and LSE, or a split's fp32 partials and base-2 LSEs
-    for the merge kernel (``acc`` is ``[512, rows]`` when the tokens sat on M)."""
+    for the merge kernel (``acc`` is ``[512, rows]`` when the tokens sat on M, and in units of
+    ``v_scale``, the largest per-token scale, with ``P_RELATIVE``)."""
     dv = tl.arange(0, DV)
     has = l_i > 0.0
+    if P_RELATIVE:
+        out_scale = out_scale * v_scale
     inv_l = 1.0 / tl.where(has, l_i, 1.0) * out_scale
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     if NUM_SPLITS == 1:
@@ -335,11 +338,9 @@ def _mla_decode_split_kernel(
                                               m_i, l_i, acc, v_scale, scale, SCALE_MODE,
                                               DOT_PRECISION, TOKENS_ON_M, P_RELATIVE)  # fmt: skip
 
-    if P_RELATIVE:
-        out_scale = out_scale * v_scale
-    _write_rows(acc, m_i, l_i, out_scale, b, t, h, row_ok, split, out_ptr, lse_ptr, part_out_ptr,
-                part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh, DV, NUM_SPLITS,
-                WRITE_LSE, TOKENS_ON_M)  # fmt: skip
+    _write_rows(acc, m_i, l_i, out_scale, v_scale, b, t, h, row_ok, split, out_ptr, lse_ptr,
+                part_out_ptr, part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh, DV,
+                NUM_SPLITS, WRITE_LSE, TOKENS_ON_M, P_RELATIVE)  # fmt: skip
 
 
 @triton.jit
@@ -407,11 +408,9 @@ def _mla_decode_split_kernel_tma(
                                               v_scale, scale, SCALE_MODE, DOT_PRECISION,
                                               TOKENS_ON_M, P_RELATIVE)  # fmt: skip
 
-    if P_RELATIVE:
-        out_scale = out_scale * v_scale
-    _write_rows(acc, m_i, l_i, out_scale, b, t, h, row_ok, split, out_ptr, lse_ptr, part_out_ptr,
-                part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh, DV, NUM_SPLITS,
-                WRITE_LSE, TOKENS_ON_M)  # fmt: skip
+    _write_rows(acc, m_i, l_i, out_scale, v_scale, b, t, h, row_ok, split, out_ptr, lse_ptr,
+                part_out_ptr, part_lse_ptr, num_heads, q_len, stride_ob, stride_ot, stride_oh, DV,
+                NUM_SPLITS, WRITE_LSE, TOKENS_ON_M, P_RELATIVE)  # fmt: skip
 
 
 @triton.jit
