@@ -534,22 +534,16 @@ def mla_decode(
     else:
         scale_t = kv_scale if kv_scale is not None else out
         stride_sp = stride_ss = 0
-    # f16 products over an FP8 cache for a 16-bit query. A bf16 one is converted in the kernel
-    # up to 32-row blocks; for 64-row blocks once here, in one pass over the query (converted
-    # in the kernel it is held in registers as the MMA's A operand and the launch spills,
-    # 1.2-1.8x slower on an H200)
-    qk_scale = softmax_scale * _LOG2E
+    # f16 products over an FP8 cache for a 16-bit query; a bf16 one is converted in the kernel
+    # up to 32-row blocks (at 64 rows the converted query is held in registers as the MMA's A
+    # operand and the launch spills, 1.2-1.8x slower on an H200: bf16 products stay there)
     f16_query = scale_mode != SCALE_NONE and query.dtype == torch.bfloat16 and plan["block_h"] <= 32
-    if scale_mode != SCALE_NONE and query.dtype == torch.bfloat16 and not f16_query:
-        query16 = torch.empty(query.shape, dtype=torch.float16, device=query.device)
-        torch.mul(query, Q_F16_SCALE, out=query16)
-        query, qk_scale = query16, qk_scale / Q_F16_SCALE
     f16_products = scale_mode != SCALE_NONE and (query.dtype == torch.float16 or f16_query)
     grid = (plan["row_blocks"], splits, batch)
     common = (
         block_tables, seq_lens, scale_t,
         out, lse, part_out, part_lse,
-        qk_scale, Q_F16_SCALE,
+        softmax_scale * _LOG2E, Q_F16_SCALE,
         heads, q_len, plan["fold"], plan["rows_per_group"], plan["blocks_per_group"], page_size,
         query.stride(0), query.stride(1), query.stride(2),
         cache.stride(0), cache.stride(1),

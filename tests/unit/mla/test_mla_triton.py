@@ -112,20 +112,18 @@ def test_decode_fp8_cache(per_token, splits):
 
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("magnitude", [1e-5, 1.0, 20.0])
-@pytest.mark.parametrize("layout", ["rows_on_m", "tokens_on_m", "rows_on_m_tma", "rows_on_m_64"])
+@pytest.mark.parametrize("layout", ["rows_on_m", "tokens_on_m", "rows_on_m_tma"])
 @pytest.mark.parametrize("q_dtype", [torch.float16, torch.bfloat16])
 def test_decode_fp8_cache_f16_products(q_dtype, per_token, magnitude, layout, monkeypatch):
     """A 16-bit query over an FP8 cache multiplies in f16 (a bf16 query scaled into f16's
     range by the launcher, with values past its 65504; per-token scales taken relative to the
     largest seen): caches far below f16's normal range and near its top keep f16's
-    precision, with splits and an empty request. In 64-row blocks the launcher converts a
-    bf16 query (``rows_on_m_64``), below them the kernel."""
+    precision, with splits and an empty request."""
     from tokenspeed.mla import triton_decode
 
     if layout.endswith("tma"):
         monkeypatch.setattr(triton_decode, "_tma_ok", lambda *args: True)
-    rank, rope, page = 64, 32, 16
-    heads, block_h = (32, 64) if layout.endswith("_64") else (8, 16)
+    rank, rope, heads, page = 64, 32, 8, 16
     seq = [17, 0, 60]
     real, tables = paged_latent(seq, page, rank + rope, torch.float32, seed=5)
     # per-token magnitudes spread over 2^8 so the running largest scale moves along a request
@@ -147,7 +145,7 @@ def test_decode_fp8_cache_f16_products(q_dtype, per_token, magnitude, layout, mo
         return_lse=True,
         kv_scale=scale, kv_lora_rank=rank, num_splits=2,
         config={"tokens_on_m": int(layout.startswith("tokens")), "tma": int(layout.endswith("tma")),
-                "block_h": block_h, "block_n": 16, "num_warps": 4, "num_stages": 1},
+                "block_h": 16, "block_n": 16, "num_warps": 4, "num_stages": 1},
     )  # fmt: skip
     exp, exp_lse = decode64(q, fp8.float(), tables, seq, softmax_scale, rank, kv_scale=scale)
     unit = float(exp.abs().max())
