@@ -67,19 +67,13 @@ def _engine_args() -> dict[str, object]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     if not scheduler_built():
         pytest.skip("the C++ scheduler (tokenspeed.scheduler.Scheduler) is not built")
-    args = _engine_args()
-    srv = start_server(
-        tmp_path_factory.mktemp("serve-mla"),
-        MODEL,
-        "--load-format", "dummy",
-        "--hf-overrides", json.dumps(SMALL),
-        "--tokenizer", str(args["tokenizer"]),
-        "--device", "cpu",
-        "--dtype", "float32",
-        "--kv-cache-dtype", "fp8_e4m3",
-        "--max-total-tokens", "2048",
-        "--max-model-len", "512",
-    )  # fmt: skip
+    flags = [MODEL]
+    for name, value in _engine_args().items():  # the offline arguments, spelled as flags
+        flags += [
+            f"--{name.replace('_', '-')}",
+            json.dumps(value) if isinstance(value, dict) else str(value),
+        ]
+    srv = start_server(tmp_path_factory.mktemp("serve-mla"), *flags)
     yield srv
     srv.stop()
 
