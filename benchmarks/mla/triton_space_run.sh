@@ -9,9 +9,11 @@
 # "confirm": pointer-load and TMA launches beside the default, bf16 and FP8 (~200 s);
 # "fp8_tma": the same over FP8 only; "tokens_tma": 32-row transposed launches, pointer loads
 # against TMA, bf16 and FP8 (these three need no peer wheels);
+# "modules": untracked copies mla/triton_decode_<name>.py (earlier or parked versions) timed
+# beside the default over FP8, per token then per tensor, 16-128 heads (~300 s);
 # "profile": Nsight Compute of the default launch at 16 / 32 / 64 heads (stalls, details).
 # Kernels compile in four processes first (Triton's disk cache), so the timed pass only times.
-case "${1:-}" in confirm|fp8_tma|tokens_tma) ;; *) source benchmarks/mla/peer_wheels.sh --install >/dev/null 2>&1 ;; esac
+case "${1:-}" in confirm|fp8_tma|tokens_tma|modules) ;; *) source benchmarks/mla/peer_wheels.sh --install >/dev/null 2>&1 ;; esac
 python3 -c "import triton, torch; print('triton', triton.__version__, 'torch', torch.__version__)"
 sweep() {  # sweep NAME HEADS QLENS CONFIGS [args...]: compile in parallel, then time
   local name=$1 heads=$2 qlens=$3 cfg=$4; shift 4
@@ -56,6 +58,22 @@ elif [ "${1:-}" = "tokens_tma" ]; then
   sweep tokens_tma_bf16 32 1,2 benchmarks/mla/triton_decode_tokens_tma.json --interleave 4
   sweep tokens_tma_fp8 32 1 benchmarks/mla/triton_decode_tokens_tma.json --interleave 4 \
     --fp8 token
+elif [ "${1:-}" = "modules" ]; then
+  # other versions of the decode (untracked copies mla/triton_decode_<name>.py, see
+  # sweep_triton_modules.py) beside the default, FP8 per token then per tensor, all heads
+  mods=$(ls mla/triton_decode_*.py | sed 's|mla/||;s|\.py$||' | paste -sd,)
+  vars="triton default,$(echo $mods | sed 's/\(^\|,\)/\1triton /g')"
+  echo "modules: $mods"
+  for fp8 in token tensor; do
+    for h in 16 32 64 128; do  # compile each module's launches in parallel first
+      timeout 200 python3 benchmarks/mla/sweep_triton_modules.py --modules $mods --heads $h \
+        --replays 1 --fp8 $fp8 --variants "$vars" > $OUT/warm_modules_${fp8}_$h.log 2>&1 &
+    done
+    wait
+    timeout 240 python3 benchmarks/mla/sweep_triton_modules.py --modules $mods \
+      --heads 16,32,64,128 --fp8 $fp8 --interleave 6 --variants "$vars" \
+      --out $OUT/triton_modules_$fp8.json 2>&1 | grep -v "^{" | tail -30
+  done
 elif [ "${1:-}" = "profile" ]; then
   # Nsight Compute of the default launch at 16 / 32 / 64 heads: stall reasons per instruction
   export PATH=$PATH:/usr/local/cuda/bin
@@ -69,7 +87,7 @@ elif [ "${1:-}" = "profile" ]; then
     head -30 $OUT/stalls_$h.txt
   done
 else
-  echo "usage: triton_space_run.sh space|layouts|tma|confirm|fp8_tma|tokens_tma|profile" >&2
+  echo "usage: triton_space_run.sh space|layouts|tma|confirm|fp8_tma|tokens_tma|modules|profile" >&2
   exit 2
 fi
 nvidia-smi --query-gpu=name,clocks.sm --format=csv
