@@ -30,12 +30,22 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return mix32(key ^ (positions & _M32))
 
 
+def unit_interval(bits: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes (int64) to float32 uniforms strictly inside (0, 1), 23 bits of resolution.
+
+    23 bits, not 24: ``(k + 0.5) / 2**23`` is exact in float32 for every ``k < 2**23``, so the
+    largest value is ``1 - 2**-24``. With 24 bits the top value rounded to 1.0, its exponential
+    was 0, and that token won the race whatever its probability (or, masked to ``-inf``, made a
+    NaN that ``argmax`` picked): about one step in a hundred at a 150k vocabulary.
+    """
+    return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+
+
 def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``[rows, vocab]`` float32 uniforms strictly inside (0, 1), 24 bits of resolution."""
+    """``[rows, vocab]`` float32 uniforms strictly inside (0, 1) (see ``unit_interval``)."""
     keys = row_keys(seeds, positions).unsqueeze(1)
     cols = torch.arange(vocab_size, dtype=torch.int64, device=seeds.device).unsqueeze(0)
-    bits = mix32(mix32(keys ^ cols) ^ keys) >> 8
-    return (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return unit_interval(mix32(mix32(keys ^ cols) ^ keys))
 
 
 def exponential_noise(

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tokenspeed.runtime.sampling import SamplingParams, SamplingState, sample
 from tokenspeed.runtime.sampling.processors import apply_penalties, min_p_mask, top_k_top_p_mask
-from tokenspeed.runtime.sampling.rng import uniform_noise
+from tokenspeed.runtime.sampling.rng import uniform_noise, unit_interval
 
 CPU = torch.device("cpu")
 
@@ -157,6 +157,18 @@ def test_uniform_noise_is_in_open_interval_and_decorrelated():
     assert (u > 0).all() and (u < 1).all()
     assert abs(u.mean().item() - 0.5) < 0.02
     assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+
+
+def test_every_hash_maps_strictly_inside_the_unit_interval():
+    """The extreme hashes too: a uniform of exactly 1.0 made an exponential of 0, whose token
+    then won the race whatever its probability, or (masked) became a NaN argmax picked."""
+    bits = torch.tensor([0, 1, 511, 512, 2**31, 2**32 - 512, 2**32 - 2, 2**32 - 1])
+    u = unit_interval(bits)
+    assert (u > 0).all() and (u < 1).all()
+    exp = -torch.log(u)
+    assert (exp > 0).all() and torch.isfinite(exp).all()
+    masked = torch.tensor([float("-inf")]).expand(len(bits)) - exp.log()
+    assert (masked == float("-inf")).all()  # never NaN, so never argmax's pick
 
 
 def test_greedy_logprobs_and_min_tokens():
