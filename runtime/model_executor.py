@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from tokenspeed.runtime.kv_pool import (
 from tokenspeed.runtime.layers.attention import create_attention_backend
 from tokenspeed.runtime.model_loader import HFConfig, load_model
 from tokenspeed.runtime.sampling import SamplingParams, SamplingState, sample
+
+if TYPE_CHECKING:
+    from tokenspeed.runtime.grammar.backend import RequestGrammar
 
 _KV_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _FP8_KV_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
@@ -88,6 +91,7 @@ class StepOutput:
     top_ids: np.ndarray | None = None  # [S, K]
     top_logprobs: np.ndarray | None = None  # [S, K]
     logits: torch.Tensor | None = None  # [S, V] float32, only when asked (tests)
+    grammar_done: np.ndarray | None = None  # [S] bool: the row's grammar is complete
 
 
 class ModelExecutor:
@@ -217,11 +221,17 @@ class ModelExecutor:
         prompt_ids: Sequence[int],
         output_ids: Sequence[int],
         stop_ids: Sequence[int] = (),
+        grammar: RequestGrammar | None = None,
     ) -> None:
-        """Bind a request's sampling state to its pool slot (admission or re-admission)."""
+        """Bind a request's sampling state (and grammar matcher) to its pool slot (admission
+        or re-admission)."""
         self.sampling.install(
-            slot, params, seed, list(prompt_ids), list(output_ids), list(stop_ids)
+            slot, params, seed, list(prompt_ids), list(output_ids), list(stop_ids), grammar
         )
+
+    def release_grammar(self, slot: int) -> None:
+        """Drop a finished request's matcher from its slot (its compiled grammar can go)."""
+        self.sampling.release_grammar(slot)
 
     # ---- execution ----------------------------------------------------------------------
     def _run_model(
@@ -255,6 +265,7 @@ class ModelExecutor:
             self.sampling.record(slots, sb, out.tokens)
         # The one host sync per step: stop checks and the scheduler need the tokens.
         result = StepOutput(rows, out.tokens.cpu().numpy())
+        result.grammar_done = self.sampling.advance_grammars(sb, result.tokens)
         if out.logprobs is not None:
             result.logprobs = out.logprobs.cpu().numpy()
         if out.top_ids is not None and out.top_logprobs is not None:

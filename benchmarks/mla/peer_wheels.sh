@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The MLA sweep's device kit: CuTe DSL and FlashInfer (the peer) for the lent H200, which lacks
 # both, in one carry under the 64 MiB a call may take (the two wheels are 66 MB; their trees as
-# tar.xz are 45 MB). Git-ignored, like ../shared/device's .whl folders.
+# tar.xz are 45 MB), plus xgrammar for the structured-output GPU test. Git-ignored, like
+# ../shared/device's .whl folders.
 #   bash benchmarks/mla/peer_wheels.sh          # here, once: .whl-peer/ (about 46 MB)
 #   run(carry=[".whl-peer"]): source benchmarks/mla/peer_wheels.sh --install && python3 benchmarks/mla/sweep_decode.py ...
 # FlashInfer 0.6.6 is the version every peer number in docs/mla*.md was measured with.
@@ -28,7 +29,7 @@ get() { python3 -m pip download -q --no-deps --only-binary=:all: --python-versio
           --platform manylinux2014_x86_64 --platform any -d "$1" "${@:2}" 2>&1 | grep -vi warning || true; }
 get "$work" nvidia-cutlass-dsl==4.3.5 flashinfer-python==0.6.6
 # FlashInfer's imports that the image lacks (cudnn-frontend left out: the MLA path never uses it)
-get .whl-peer "apache-tvm-ffi>=0.1.6,<0.2" einops nvidia-ml-py tabulate
+get .whl-peer "apache-tvm-ffi>=0.1.6,<0.2" einops nvidia-ml-py tabulate xgrammar==0.2.8
 python3 - "$work" <<'PY'
 import glob, sys, zipfile
 work = sys.argv[1]

@@ -18,6 +18,7 @@ import numpy as np
 
 from tokenspeed.runtime.engine.request import Request, RequestUpdate
 from tokenspeed.runtime.forward_batch import ForwardMode
+from tokenspeed.runtime.grammar.backend import GrammarBackend
 from tokenspeed.runtime.model_executor import ExecutorConfig, ModelExecutor, StepOutput
 from tokenspeed.runtime.sampling import SamplingParams
 
@@ -48,11 +49,14 @@ class EventLoop:
         seed: int = 0,
         log_request_stats: bool = False,
         protocol: Any = None,
+        grammar_backend: GrammarBackend | None = None,
     ) -> None:
         """``protocol`` is the module defining RequestSpec and the event classes (RequestSpec,
         ForwardResult, Finish, Abort, WriteBackDone, LoadBackDone); it defaults to
-        ``tokenspeed.scheduler``."""
+        ``tokenspeed.scheduler``. ``grammar_backend`` compiles structured-output requests'
+        grammars (without one, such requests are refused)."""
         self.executor = executor
+        self.grammar_backend = grammar_backend
         self.scheduler = scheduler
         self._protocol = protocol
         self.max_model_len = executor.max_model_len
@@ -94,12 +98,15 @@ class EventLoop:
             enable_mixed_batch=bool(args.enable_mixed_batch),
             enable_kv_events=bool(getattr(args, "kv_events_config", None)),
         )
+        eos = executor.hf_config.eos_token_ids()
+        tokenizer_dir = Path(args.tokenizer) if args.tokenizer else Path(model_path)
         return cls(
             executor,
             sched.Scheduler(config),
-            eos_token_ids=executor.hf_config.eos_token_ids(),
+            eos_token_ids=eos,
             seed=int(args.seed),
             log_request_stats=bool(getattr(args, "enable_log_request_stats", False)),
+            grammar_backend=GrammarBackend(tokenizer_dir, executor.hf_config.vocab_size, eos),
         )
 
     # ---- requests -----------------------------------------------------------------------
@@ -130,6 +137,11 @@ class EventLoop:
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
         seed = params.seed if params.seed is not None else int(self.rng.integers(0, 2**62))
+        grammar = None
+        if params.grammar is not None:
+            if self.grammar_backend is None:
+                raise ValueError("structured outputs are not available in this engine")
+            grammar = self.grammar_backend.matcher(params.grammar, sorted(stop_ids))
         req = Request(
             request_id=request_id,
             prompt_ids=prompt,
@@ -137,6 +149,7 @@ class EventLoop:
             seed=seed,
             stop_ids=frozenset(stop_ids),
             max_new_tokens=max_new,
+            grammar=grammar,
         )
         if arrival is not None:
             req.arrival = arrival
@@ -235,7 +248,7 @@ class EventLoop:
         req.slot = slot
         stop_ids = sorted(req.stop_ids)
         self.executor.install_request(
-            slot, req.params, req.seed, req.prompt_ids, req.output_ids, stop_ids
+            slot, req.params, req.seed, req.prompt_ids, req.output_ids, stop_ids, req.grammar
         )
         self._slot_req[slot] = req
         self._slot_rid[slot] = req.request_id
@@ -311,6 +324,8 @@ class EventLoop:
             for j in np.flatnonzero(wide).tolist():
                 stop[j] = int(tokens[j]) in self._slot_req[slots[j]].stop_ids
         stop &= n_out >= self._min_tokens[slots]
+        if result.grammar_done is not None:  # a complete grammar ends its request
+            stop |= result.grammar_done
         done = stop | (n_out >= self._max_new[slots])
         # The per-request part: C-level maps over object-array gathers.
         tok_list = tokens.tolist()
@@ -378,6 +393,8 @@ class EventLoop:
         if slot is not None and slot < len(self._slot_req) and self._slot_req[slot] is req:
             self._slot_req[slot] = self._slot_rid[slot] = self._slot_out[slot] = None
             self._slot_live[slot] = False
+            if req.grammar is not None:
+                self.executor.release_grammar(slot)
         del self.requests[req.request_id]
         if self.log_request_stats:
             logger.info("request %s finished (%s): %s", req.request_id, reason, stats.line())

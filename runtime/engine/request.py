@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenspeed.runtime.grammar.backend import RequestGrammar
 from tokenspeed.runtime.sampling import SamplingParams
 
 
@@ -55,6 +56,7 @@ class Request:
     first_token: float | None = None
     finished_at: float | None = None
     stats: RequestStats | None = None
+    grammar: RequestGrammar | None = None  # structured outputs: the output's matcher
 
     @property
     def finished(self) -> bool:

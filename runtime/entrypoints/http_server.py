@@ -77,7 +77,8 @@ def _error_response(err: OpenAIError) -> JSONResponse:
 def engine_params(req: SamplingFields, max_tokens: int, logprobs: int | None) -> dict[str, Any]:
     """The engine's sampling params (the runtime's `SamplingParams` fields) for one request.
 
-    Stop strings stay in the server (they need the text); stop token ids go to the engine.
+    Stop strings stay in the server (they need the text); stop token ids and the output's
+    grammar (structured outputs) go to the engine.
     """
     params: dict[str, Any] = {
         "max_tokens": max_tokens,
@@ -98,6 +99,9 @@ def engine_params(req: SamplingFields, max_tokens: int, logprobs: int | None) ->
         "repetition_penalty": req.repetition_penalty,
     }
     params.update({k: v for k, v in optional.items() if v is not None})
+    grammar = req.grammar_spec()
+    if grammar is not None:
+        params["grammar"] = grammar.to_dict()
     return params
 
 

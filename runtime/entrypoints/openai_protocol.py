@@ -2,8 +2,8 @@
 
 Validation lives in the models so a bad request is rejected with a 400 before anything is
 tokenised or sent to the engine. Fields outside OpenAI's API (`top_k`, `min_p`,
-`repetition_penalty`, `ignore_eos`, `min_tokens`, `stop_token_ids`, `skip_special_tokens`)
-follow vLLM's names, so clients pass them with `extra_body`.
+`repetition_penalty`, `ignore_eos`, `min_tokens`, `stop_token_ids`, `skip_special_tokens`,
+`structured_outputs`) follow vLLM's names, so clients pass them with `extra_body`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tokenspeed.runtime.grammar.spec import GrammarSpec
 
 MAX_STOP_STRINGS = 16
 MAX_N = 64
@@ -64,6 +66,68 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(_Request):
+    """`response_format.json_schema`: OpenAI's structured outputs (`strict` is always on)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """`response_format`: plain text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise RequestFieldError("response_format of type json_schema needs json_schema")
+        return self
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (through `extra_body`): exactly one constraint. Unknown
+    keys are refused rather than ignored, so a constraint this server lacks is never dropped."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    @model_validator(mode="after")
+    def _check_one(self) -> StructuredOutputs:
+        given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise RequestFieldError(
+                "structured_outputs needs exactly one of json, regex, choice, grammar, "
+                f"json_object (got {len(given)})"
+            )
+        return self
+
+    def spec(self) -> GrammarSpec:
+        """The engine's form of the constraint."""
+        ws = not self.disable_any_whitespace
+        if self.json_ is not None:
+            return GrammarSpec.json_schema(self.json_, any_whitespace=ws)
+        if self.regex is not None:
+            return GrammarSpec.regex(self.regex)
+        if self.choice is not None:
+            return GrammarSpec.choice(self.choice)
+        if self.grammar is not None:
+            return GrammarSpec.grammar(self.grammar)
+        return GrammarSpec.json_object(any_whitespace=ws)
+
+
 class SamplingFields(_Request):
     """The sampling and stopping fields shared by chat and text completions."""
 
@@ -85,6 +149,8 @@ class SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("stop")
     @classmethod
@@ -109,9 +175,31 @@ class SamplingFields(_Request):
             raise RequestFieldError("stream_options is only allowed when stream is true")
         return self
 
+    @model_validator(mode="after")
+    def _check_one_constraint(self) -> SamplingFields:
+        if self.structured_outputs is not None and self._format_spec() is not None:
+            raise RequestFieldError("give response_format or structured_outputs, not both")
+        return self
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _format_spec(self) -> GrammarSpec | None:
+        """``response_format``'s constraint (None for text)."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return GrammarSpec.json_object()
+        assert fmt.json_schema is not None
+        return GrammarSpec.json_schema(fmt.json_schema.schema_)
+
+    def grammar_spec(self) -> GrammarSpec | None:
+        """The output constraint, if any (structured outputs; compiled by the engine)."""
+        if self.structured_outputs is not None:
+            return self.structured_outputs.spec()
+        return self._format_spec()
 
 
 class RequestFieldError(ValueError):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenspeed.runtime.grammar.spec import GrammarSpec
+
 
 @dataclass
 class SamplingParams:
@@ -15,7 +17,8 @@ class SamplingParams:
     the repetition penalty follows HF/vLLM (divide positive / multiply negative logits of every
     token seen in the prompt or output). ``seed`` makes a request's samples reproducible no
     matter which other requests share its batch. ``logprobs = n`` returns the sampled token's
-    logprob and the top ``n`` alternatives, from the model's raw distribution.
+    logprob and the top ``n`` alternatives, from the model's raw distribution. ``grammar``
+    constrains the output (structured outputs); the request stops when the grammar is complete.
     """
 
     temperature: float = 1.0
@@ -33,8 +36,10 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
+        self.grammar = GrammarSpec.coerce(self.grammar)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]

@@ -65,3 +65,24 @@ def min_p_mask(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     probs = logits.softmax(dim=-1)
     cutoff = probs.max(dim=-1, keepdim=True).values * min_p.unsqueeze(1)
     return logits.masked_fill(probs < cutoff, float("-inf"))
+
+
+def forbidden_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Unpack a token bitmask (``[G, W]`` int32 words, bit ``t % 32`` of word ``t // 32`` set
+    when token ``t`` is allowed; xgrammar's layout) into a ``[G, vocab]`` bool mask of the
+    tokens *not* allowed."""
+    bits = torch.bitwise_left_shift(
+        torch.ones(32, dtype=torch.int32, device=bitmask.device),
+        torch.arange(32, dtype=torch.int32, device=bitmask.device),
+    )
+    return (bitmask.unsqueeze(-1) & bits).eq(0).flatten(1)[:, :vocab]
+
+
+def grammar_mask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """``logits`` (modified in place) with every token the grammar forbids set to ``-inf`` on
+    the constrained ``rows`` (ascending; ``bitmask[i]`` belongs to ``rows[i]``)."""
+    forbidden = forbidden_tokens(bitmask, logits.shape[-1])
+    if len(rows) == len(logits):  # every row constrained: no gather and scatter
+        return logits.masked_fill_(forbidden, float("-inf"))
+    logits[rows] = logits[rows].masked_fill(forbidden, float("-inf"))
+    return logits

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed.runtime.sampling.processors import apply_penalties, min_p_mask, top_k_top_p_mask
+from tokenspeed.runtime.sampling.processors import (
+    apply_penalties,
+    grammar_mask,
+    min_p_mask,
+    top_k_top_p_mask,
+)
 from tokenspeed.runtime.sampling.rng import exponential_noise
 from tokenspeed.runtime.sampling.state import SamplingBatch, SamplingState
 
@@ -40,9 +45,18 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, state: SamplingState | No
             batch.presence,
             batch.frequency,
         )
-    if batch.banned is not None:
+    if batch.grammar_mask is not None and batch.grammar_index is not None:
         logits = logits.clone() if logits is raw else logits
+        logits = grammar_mask(logits, batch.grammar_index, batch.grammar_mask)
+    if batch.banned is not None:
+        constrained, unbanned = batch.grammar_mask is not None, logits
+        logits = logits.clone() if logits is raw or constrained else logits
         logits[batch.banned] = float("-inf")
+        if constrained:
+            # A grammar that allows only a stop token while min_tokens bans it: the grammar
+            # wins, or the row would have nothing left to sample.
+            dead = (logits == float("-inf")).all(dim=-1, keepdim=True)
+            logits = torch.where(dead, unbanned, logits)
     greedy_tokens = logits.argmax(dim=-1)
     if batch.all_greedy:
         tokens = greedy_tokens

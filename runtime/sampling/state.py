@@ -8,11 +8,16 @@ counts for penalties live on the device and are updated by scatter after each st
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from tokenspeed.runtime.grammar.backend import fill_bitmasks
 from tokenspeed.runtime.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from tokenspeed.runtime.grammar.backend import RequestGrammar
 
 
 @dataclass
@@ -37,10 +42,16 @@ class SamplingBatch:
     max_logprobs: int  # 0 = none requested; else top-n width
     want_logprobs: np.ndarray  # [S] bool host
     banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) held at -inf
+    # Structured outputs: the rows with a grammar, their matchers (host) and the allowed-token
+    # bitmask ([G, ceil(V / 32)] int32 on the device, bit set = allowed).
+    grammar_rows: np.ndarray | None = None
+    grammar_index: torch.Tensor | None = None  # the same rows, on the device
+    grammars: list[RequestGrammar] | None = None
+    grammar_mask: torch.Tensor | None = None
 
 
 class SamplingState:
-    """Sampling parameters and penalty counts for every request slot."""
+    """Sampling parameters, penalty counts and grammar matchers for every request slot."""
 
     def __init__(self, capacity: int, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
@@ -53,7 +64,7 @@ class SamplingState:
     def _grow(self, capacity: int) -> None:
         old = self.capacity
 
-        def grow(a: np.ndarray | None, fill: float, dtype: type) -> np.ndarray:
+        def grow(a: np.ndarray | None, fill: object, dtype: type) -> np.ndarray:
             out = np.full(capacity, fill, dtype=dtype)
             if a is not None:
                 out[:old] = a
@@ -72,6 +83,8 @@ class SamplingState:
         self.logprobs = grow(g("logprobs"), -1, np.int64)
         self.penalised = grow(g("penalised"), False, np.bool_)
         self.min_tokens = grow(g("min_tokens"), 0, np.int64)
+        self.grammar = grow(g("grammar"), None, object)  # RequestGrammar | None
+        self.has_grammar = grow(g("has_grammar"), False, np.bool_)
         stop_ids = np.full(
             (capacity, self.__dict__.get("stop_ids", np.zeros((0, 1))).shape[1]), -1, np.int64
         )
@@ -103,11 +116,13 @@ class SamplingState:
         prompt_ids: list[int] | np.ndarray,
         output_ids: list[int] | np.ndarray,
         stop_ids: list[int] | None = None,
+        grammar: RequestGrammar | None = None,
     ) -> None:
         """Bind a request to a slot (on admission or after a retraction moved it).
 
         ``stop_ids`` are the tokens that would end the request (EOS, stop token ids); they are
-        banned while fewer than ``params.min_tokens`` tokens have been generated.
+        banned while fewer than ``params.min_tokens`` tokens have been generated. ``grammar`` is
+        the request's matcher (structured outputs), which keeps its state across slots.
         """
         if slot >= self.capacity:
             self._grow(max(slot + 1, 2 * self.capacity))
@@ -119,6 +134,8 @@ class SamplingState:
         self.stop_ids[slot] = -1
         self.stop_ids[slot, : len(stop_ids)] = stop_ids
         self.min_tokens[slot] = params.min_tokens
+        self.grammar[slot] = grammar
+        self.has_grammar[slot] = grammar is not None
         self.temperature[slot] = params.temperature if not params.greedy else 0.0
         self.top_k[slot] = params.top_k
         self.top_p[slot] = params.top_p
@@ -163,8 +180,20 @@ class SamplingState:
             rows, cols = np.nonzero(ids >= 0)
             if len(rows):
                 banned = (dev(rows.astype(np.int64)), dev(ids[rows, cols]))
+        grammar_rows = np.flatnonzero(self.has_grammar[slots])
+        grammars, grammar_mask, grammar_index = None, None, None
+        if len(grammar_rows):
+            # On a GPU this host work overlaps the forward the caller just launched.
+            grammars = self.grammar[slots[grammar_rows]].tolist()
+            mask = torch.full((len(grammars), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+            fill_bitmasks(grammars, mask)
+            grammar_mask, grammar_index = mask.to(self.device), dev(grammar_rows)
         return SamplingBatch(
             banned=banned,
+            grammar_rows=grammar_rows if grammars else None,
+            grammar_index=grammar_index,
+            grammars=grammars,
+            grammar_mask=grammar_mask,
             slots=dev(slots.astype(np.int64)),
             temperature=dev(np.where(greedy, 1.0, temp).astype(np.float32)),
             greedy=dev(greedy),
@@ -190,3 +219,19 @@ class SamplingState:
         if batch.use_penalties and self.counts is not None:
             ones = torch.ones_like(tokens, dtype=torch.int32)
             self.counts.index_put_((batch.slots, tokens), ones, accumulate=True)
+
+    def release_grammar(self, slot: int) -> None:
+        """Forget a slot's matcher (its request finished)."""
+        self.grammar[slot] = None
+        self.has_grammar[slot] = False
+
+    def advance_grammars(self, batch: SamplingBatch, tokens: np.ndarray) -> np.ndarray | None:
+        """Feed each constrained row its sampled token (host ``tokens [S]``); return which
+        rows' grammars are now finished (``[S]`` bool), or None when no row has one."""
+        if batch.grammar_rows is None or batch.grammars is None:
+            return None
+        done = np.zeros(len(tokens), dtype=bool)
+        for row, grammar in zip(batch.grammar_rows.tolist(), batch.grammars, strict=True):
+            grammar.accept(int(tokens[row]))
+            done[row] = grammar.finished
+        return done

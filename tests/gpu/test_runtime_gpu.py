@@ -56,6 +56,34 @@ def test_llm_tiny_model_on_cuda():
     assert llm.engine.executor.num_device_pages > 0
 
 
+def test_structured_outputs_on_cuda():
+    """The grammar bitmask is unpacked and applied on the device; outputs match their grammar,
+    and unconstrained rows of the same batch equal a run without the constrained ones."""
+    pytest.importorskip("xgrammar")
+    import json
+    import re
+
+    from tokenspeed.runtime import LLM, SamplingParams
+    from tokenspeed.runtime.grammar import GrammarSpec
+
+    llm = LLM(None, device="cuda")
+    prompts = ["Hello, my name is", "The capital of France", "x"]
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+              "maximum": 9}}, "required": ["n"], "additionalProperties": False}  # fmt: skip
+    plain = SamplingParams(temperature=0.0, max_tokens=12)
+    regex = SamplingParams(temperature=1.0, max_tokens=30, seed=3,
+                           grammar=GrammarSpec.regex("[a-z]{12}"))  # fmt: skip
+    js = SamplingParams(temperature=1.0, max_tokens=40, seed=4,
+                        grammar=GrammarSpec.json_schema(schema, any_whitespace=False))  # fmt: skip
+    alone = llm.generate(prompts, plain)
+    mixed = llm.generate(prompts * 3, [plain] * 3 + [regex] * 3 + [js] * 3)
+    assert [o.outputs[0].token_ids for o in mixed[:3]] == [o.outputs[0].token_ids for o in alone]
+    for o in mixed[3:6]:
+        assert re.fullmatch("[a-z]{12}", o.outputs[0].text), o.outputs[0].text
+    for o in mixed[6:]:
+        assert 0 <= json.loads(o.outputs[0].text)["n"] <= 9
+
+
 def test_dummy_qwen3_8b_generates_on_cuda():
     from tokenspeed.runtime import LLM, SamplingParams
 

@@ -32,7 +32,9 @@ class ScriptedExecutor:
         self.hf_config = SimpleNamespace(vocab_size=VOCAB)
         self.installs: list[tuple[int, int]] = []  # (slot, outputs so far) per install
 
-    def install_request(self, slot, params, seed, prompt_ids, output_ids, stop_ids=()) -> None:
+    def install_request(
+        self, slot, params, seed, prompt_ids, output_ids, stop_ids=(), grammar=None
+    ) -> None:
         self.installs.append((slot, len(output_ids)))
 
     def execute(self, op: Any) -> StepOutput:
