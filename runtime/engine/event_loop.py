@@ -126,6 +126,8 @@ class EventLoop:
         vocab = self.executor.hf_config.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         room = self.max_model_len - len(prompt)
         if room < 1:
             raise ValueError(

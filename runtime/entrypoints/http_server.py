@@ -99,6 +99,8 @@ def engine_params(req: SamplingFields, max_tokens: int, logprobs: int | None) ->
         "repetition_penalty": req.repetition_penalty,
     }
     params.update({k: v for k, v in optional.items() if v is not None})
+    if req.logit_bias:  # as pairs: msgpack maps keep string keys only
+        params["logit_bias"] = [[int(t), float(b)] for t, b in req.logit_bias.items()]
     grammar = req.grammar_spec()
     if grammar is not None:
         params["grammar"] = grammar.to_dict()

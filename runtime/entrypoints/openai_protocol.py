@@ -149,6 +149,7 @@ class SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
 
@@ -161,6 +162,16 @@ class SamplingFields(_Request):
         if any(s == "" for s in stops):
             raise ValueError("stop strings must not be empty")
         return stops
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (v or {}).items():
+            if not token.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {token!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
+        return v
 
     @field_validator("stop_token_ids")
     @classmethod

@@ -17,8 +17,10 @@ class SamplingParams:
     the repetition penalty follows HF/vLLM (divide positive / multiply negative logits of every
     token seen in the prompt or output). ``seed`` makes a request's samples reproducible no
     matter which other requests share its batch. ``logprobs = n`` returns the sampled token's
-    logprob and the top ``n`` alternatives, from the model's raw distribution. ``grammar``
-    constrains the output (structured outputs); the request stops when the grammar is complete.
+    logprob and the top ``n`` alternatives, from the model's raw distribution. ``logit_bias``
+    (OpenAI) adds a value in [-100, 100] to chosen tokens' logits before any sampling step.
+    ``grammar`` constrains the output (structured outputs); the request stops when the grammar
+    is complete.
     """
 
     temperature: float = 1.0
@@ -36,10 +38,14 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] = field(default_factory=dict)
     grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         self.grammar = GrammarSpec.coerce(self.grammar)
+        # a dict, or its wire form (msgpack maps keep string keys only): [[token, bias], ...]
+        pairs = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        self.logit_bias = {int(t): float(b) for t, b in pairs or ()}
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
@@ -81,6 +87,14 @@ class SamplingParams:
             (
                 self.seed is None or 0 <= self.seed < 2**63,
                 f"seed must be in [0, 2**63), got {self.seed}",
+            ),
+            (
+                all(t >= 0 for t in self.logit_bias),
+                "logit_bias keys must be non-negative token ids",
+            ),
+            (
+                all(-100 <= b <= 100 for b in self.logit_bias.values()),
+                "logit_bias values must be in [-100, 100]",
             ),
         ]
         for ok, message in checks:

@@ -45,6 +45,10 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, state: SamplingState | No
             batch.presence,
             batch.frequency,
         )
+    if batch.bias is not None:
+        logits = logits.clone() if logits is raw else logits
+        rows, ids, added = batch.bias
+        logits.index_put_((rows, ids), added, accumulate=True)
     if batch.grammar_mask is not None and batch.grammar_index is not None:
         logits = logits.clone() if logits is raw else logits
         logits = grammar_mask(logits, batch.grammar_index, batch.grammar_mask)

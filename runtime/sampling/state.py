@@ -42,6 +42,7 @@ class SamplingBatch:
     max_logprobs: int  # 0 = none requested; else top-n width
     want_logprobs: np.ndarray  # [S] bool host
     banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) held at -inf
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (rows, ids, added)
     # Structured outputs: the rows with a grammar, their matchers (host) and the allowed-token
     # bitmask ([G, ceil(V / 32)] int32 on the device, bit set = allowed).
     grammar_rows: np.ndarray | None = None
@@ -83,6 +84,8 @@ class SamplingState:
         self.logprobs = grow(g("logprobs"), -1, np.int64)
         self.penalised = grow(g("penalised"), False, np.bool_)
         self.min_tokens = grow(g("min_tokens"), 0, np.int64)
+        self.bias = grow(g("bias"), None, object)  # (token ids, biases) | None
+        self.has_bias = grow(g("has_bias"), False, np.bool_)
         self.grammar = grow(g("grammar"), None, object)  # RequestGrammar | None
         self.has_grammar = grow(g("has_grammar"), False, np.bool_)
         stop_ids = np.full(
@@ -136,6 +139,12 @@ class SamplingState:
         self.min_tokens[slot] = params.min_tokens
         self.grammar[slot] = grammar
         self.has_grammar[slot] = grammar is not None
+        self.bias[slot] = None
+        if params.logit_bias:
+            ids = np.fromiter(params.logit_bias.keys(), np.int64, len(params.logit_bias))
+            values = np.fromiter(params.logit_bias.values(), np.float32, len(params.logit_bias))
+            self.bias[slot] = (ids, values)
+        self.has_bias[slot] = bool(params.logit_bias)
         self.temperature[slot] = params.temperature if not params.greedy else 0.0
         self.top_k[slot] = params.top_k
         self.top_p[slot] = params.top_p
@@ -180,6 +189,15 @@ class SamplingState:
             rows, cols = np.nonzero(ids >= 0)
             if len(rows):
                 banned = (dev(rows.astype(np.int64)), dev(ids[rows, cols]))
+        bias = None
+        biased = np.flatnonzero(self.has_bias[slots])
+        if len(biased):
+            pairs = self.bias[slots[biased]].tolist()
+            bias = (
+                dev(np.repeat(biased, [len(ids) for ids, _ in pairs])),
+                dev(np.concatenate([ids for ids, _ in pairs])),
+                dev(np.concatenate([values for _, values in pairs])),
+            )
         grammar_rows = np.flatnonzero(self.has_grammar[slots])
         grammars, grammar_mask, grammar_index = None, None, None
         if len(grammar_rows):
@@ -190,6 +208,7 @@ class SamplingState:
             grammar_mask, grammar_index = mask.to(self.device), dev(grammar_rows)
         return SamplingBatch(
             banned=banned,
+            bias=bias,
             grammar_rows=grammar_rows if grammars else None,
             grammar_index=grammar_index,
             grammars=grammars,

@@ -302,6 +302,20 @@ def test_penalties_and_min_tokens_are_accepted(client: openai.OpenAI) -> None:
     assert r.usage.completion_tokens == 6
 
 
+def test_logit_bias_forces_a_token(client: openai.OpenAI) -> None:
+    """+100 on one token id makes every sampled token that token, even at temperature 0.9
+    (unit tests pin the arithmetic); the same id through chat gives the same text."""
+    comp = client.completions.create(model=MODEL, prompt="a b c", max_tokens=4, temperature=0.9,
+                                     seed=3, logit_bias={"42": 100}, logprobs=0)  # fmt: skip
+    tokens = comp.choices[0].logprobs.tokens
+    assert len(tokens) == 4 and len(set(tokens)) == 1
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0,
+        logit_bias={"42": 100},
+    )  # fmt: skip
+    assert chat.choices[0].message.content == tokens[0] * 3
+
+
 # ---- load, cache, disconnect ----------------------------------------------------------------
 
 
@@ -444,6 +458,19 @@ BAD_REQUESTS = [
     ("stream_options alone", COMP, {"model": MODEL, "prompt": "x", "stream_options": {}}, 400),
     ("token id out of vocab", COMP, {"model": MODEL, "prompt": [1, 999999]}, 400),
     ("empty stop string", COMP, {"model": MODEL, "prompt": "x", "stop": [""]}, 400),
+    (
+        "logit_bias key not an id",
+        COMP,
+        {"model": MODEL, "prompt": "x", "logit_bias": {"a": 1}},
+        400,
+    ),
+    ("logit_bias too large", COMP, {"model": MODEL, "prompt": "x", "logit_bias": {"1": 101}}, 400),
+    (
+        "logit_bias id out of vocab",
+        CHAT,
+        {"model": MODEL, "messages": USER, "logit_bias": {"99999": 1}},
+        400,
+    ),
     ("unknown model", CHAT, {"model": "gpt-9", "messages": USER}, 404),
 ]
 

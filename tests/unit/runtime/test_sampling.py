@@ -200,6 +200,39 @@ def test_greedy_logprobs_and_min_tokens():
     assert sample(logits.clone(), b, state).tokens[1] == eos
 
 
+def test_logit_bias_per_row():
+    """Each row gets its own biases (added to the logits, so +100 forces a token and -100
+    removes it); rows without any are untouched, and logprobs stay the model's."""
+    vocab = 16
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(3))
+    top = logits.argmax(-1)
+    params = [
+        SamplingParams(temperature=0.0, logit_bias={7: 100.0}, logprobs=0),
+        SamplingParams(temperature=0.0, logit_bias={int(top[1]): -100.0, 3: 0.5}),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, seed=9, logit_bias={11: 100.0}),
+    ]
+    state = SamplingState(4, vocab, CPU)
+    for slot, p in enumerate(params):
+        state.install(slot, p, p.seed or 0, [], [])
+    out = sample(logits.clone(), state.gather(np.arange(4)), state)
+    biased = logits[1].clone()
+    biased[top[1]] -= 100.0
+    biased[3] += 0.5
+    assert out.tokens.tolist() == [7, int(biased.argmax()), int(top[2]), 11]
+    torch.testing.assert_close(out.logprobs[0], logits[0].log_softmax(-1)[7])
+    assert state.gather(np.array([2])).bias is None
+
+
+def test_logit_bias_wire_form_and_validation():
+    assert SamplingParams(logit_bias=[[5, 1.5], [2, -3]]).logit_bias == {5: 1.5, 2: -3.0}
+    assert SamplingParams(logit_bias={"5": 1}).logit_bias == {5: 1.0}
+    with pytest.raises(ValueError, match="logit_bias values"):
+        SamplingParams(logit_bias={1: 101.0})
+    with pytest.raises(ValueError, match="logit_bias keys"):
+        SamplingParams(logit_bias={-1: 1.0})
+
+
 def test_frequency_penalty_counts_update_after_each_step():
     vocab = 4
     state = _state([SamplingParams(temperature=0.0, frequency_penalty=2.0)], [0], vocab)
