@@ -43,6 +43,7 @@ from tokenspeed.runtime.entrypoints.openai_protocol import (
     validation_message,
 )
 from tokenspeed.runtime.entrypoints.stats_stream import router as stats_router
+from tokenspeed.runtime.entrypoints.tool_choice import forced_message, message_delta, tool_call
 
 logger = logging.getLogger("tokenspeed.server")
 
@@ -329,17 +330,19 @@ def build_app(state: ServerState) -> FastAPI:
         result = await _collect_or_abort(request, collect(stream, body.n))
         if result is None:
             return Response(status_code=499)
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": result.text[i]},
-                "logprobs": chat_logprobs(result.ids[i], result.lp[i], result.top[i])
-                if body.logprobs
-                else None,
-                "finish_reason": result.finish[i],
-            }
-            for i in range(body.n)
-        ]
+        forced = body.forced_tools
+        choices = []
+        for i in range(body.n):
+            message: dict[str, Any] = {"role": "assistant", "content": result.text[i]}
+            finish = result.finish[i]
+            if forced is not None:  # the output is the call's JSON: answer with tool_calls
+                message, finish = forced_message(forced, result.text[i], finish)
+            lp = (
+                chat_logprobs(result.ids[i], result.lp[i], result.top[i]) if body.logprobs else None
+            )
+            choices.append(
+                {"index": i, "message": message, "logprobs": lp, "finish_reason": finish}
+            )
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": created, "model": state.model_name,
             "choices": choices,
@@ -369,20 +372,37 @@ def build_app(state: ServerState) -> FastAPI:
         usage_null = {"usage": None} if body.include_usage else {}
         tokens = [0] * body.n
         cached = 0
+        forced = body.forced_tools
+        held = [""] * body.n  # "required": the calls are parsed once the output is complete
         for i in range(body.n):
-            choice = {"index": i, "delta": {"role": "assistant", "content": ""},
-                      "logprobs": None, "finish_reason": None}  # fmt: skip
+            first: dict[str, Any] = {"role": "assistant", "content": ""}
+            if forced is not None and forced.name is not None:  # arguments stream after this
+                call = tool_call(forced.name, "")
+                first = {"role": "assistant", "content": None, "tool_calls": [{"index": 0, **call}]}
+            choice = {"index": i, "delta": first, "logprobs": None, "finish_reason": None}
             yield _sse({**base, "choices": [choice], **usage_null})
         async for d in stream:
             tokens[d.index] = d.completion_tokens
             cached = d.cached_tokens if d.index == 0 else cached
             if not d.text and d.finish_reason is None and not body.logprobs:
                 continue  # tokens that end mid-character: nothing to show yet
-            delta = {"content": d.text} if d.text or d.finish_reason is None else {}
+            delta: dict[str, Any] = {"content": d.text} if d.text or d.finish_reason is None else {}
+            finish = d.finish_reason
+            if forced is not None and forced.name is not None:
+                arguments = {"index": 0, "function": {"arguments": d.text}}
+                delta = {"tool_calls": [arguments]} if d.text else {}
+                finish = forced.finish_reason if finish == "stop" else finish
+            elif forced is not None:  # "required": held back, sent whole once complete
+                held[d.index] += d.text
+                if finish is None and not body.logprobs:
+                    continue
+                delta = {}
+                if finish is not None:
+                    message, finish = forced_message(forced, held[d.index], finish)
+                    delta = message_delta(message)
             lp = (chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs or [])
                   if body.logprobs else None)  # fmt: skip
-            choice = {"index": d.index, "delta": delta, "logprobs": lp,
-                      "finish_reason": d.finish_reason}  # fmt: skip
+            choice = {"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             yield _sse({**base, "choices": [choice], **usage_null})
         if body.include_usage:
             usage = usage_dict(len(gen.prompt_ids), sum(tokens), cached)

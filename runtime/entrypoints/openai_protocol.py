@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tokenspeed.runtime.entrypoints.tool_choice import ForcedTools, forced_tools
 from tokenspeed.runtime.grammar.spec import GrammarSpec
 
 MAX_STOP_STRINGS = 16
@@ -289,6 +290,25 @@ class ChatCompletionRequest(SamplingFields):
         if self.top_logprobs and not self.logprobs:
             raise RequestFieldError("top_logprobs requires logprobs to be true")
         return self
+
+    @model_validator(mode="after")
+    def _check_tool_choice(self) -> ChatCompletionRequest:
+        forced = forced_tools(self.tools, self.tool_choice)  # raises for what cannot be done
+        if forced is not None and super().grammar_spec() is not None:
+            raise RequestFieldError(
+                "a forced tool call cannot be combined with response_format or structured_outputs"
+            )
+        return self
+
+    @property
+    def forced_tools(self) -> ForcedTools | None:
+        """The tool call(s) `tool_choice` forces ("required" or a named function), if any."""
+        return forced_tools(self.tools, self.tool_choice)
+
+    def grammar_spec(self) -> GrammarSpec | None:
+        """A forced tool call's grammar, else the structured-output constraint."""
+        forced = self.forced_tools
+        return forced.spec if forced is not None else super().grammar_spec()
 
     @property
     def output_limit(self) -> int | None:

@@ -193,3 +193,76 @@ def test_metrics_expose_engine_snapshot_and_server_observations() -> None:
     )
     assert 'tokenspeed:request_queue_time_seconds_count{model_name="tiny"} 1.0' in text
     assert 'tokenspeed:time_to_first_token_seconds_count{model_name="tiny"} 1.0' in text
+
+
+# ---- forced tool calls (tool_choice) --------------------------------------------------------
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "noop"}},
+]  # fmt: skip
+
+
+def test_named_tool_choice_forces_the_functions_arguments() -> None:
+    import json
+
+    from tokenspeed.runtime.entrypoints.tool_choice import forced_message, forced_tools
+
+    forced = forced_tools(TOOLS, {"type": "function", "function": {"name": "get_weather"}})
+    assert forced is not None and forced.name == "get_weather"
+    assert json.loads(forced.spec.value) == TOOLS[0]["function"]["parameters"]
+    message, finish = forced_message(forced, '{"city": "Paris"}', "stop")
+    assert finish == "stop" and message["content"] is None
+    (call,) = message["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    _, finish = forced_message(forced, '{"ci', "length")
+    assert finish == "length"  # cut short: the partial arguments, and the real reason
+    noop = forced_tools(TOOLS, {"type": "function", "function": {"name": "noop"}})
+    assert noop is not None and json.loads(noop.spec.value) == {"type": "object"}
+
+
+def test_required_tool_choice_is_an_array_of_calls() -> None:
+    import json
+
+    from tokenspeed.runtime.entrypoints.tool_choice import (
+        forced_message,
+        forced_tools,
+        message_delta,
+    )
+
+    forced = forced_tools(TOOLS, "required")
+    assert forced is not None and forced.name is None
+    schema = json.loads(forced.spec.value)
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    names = [c["properties"]["name"]["const"] for c in schema["items"]["anyOf"]]
+    assert names == ["get_weather", "noop"]
+    text = '[{"name": "get_weather", "parameters": {"city": "Rome"}}, {"name": "noop", "parameters": {}}]'
+    message, finish = forced_message(forced, text, "stop")
+    assert finish == "tool_calls"
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather", "noop"]
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"city": "Rome"}
+    delta = message_delta(message)
+    assert [c["index"] for c in delta["tool_calls"]] == [0, 1] and delta["content"] is None
+    cut, finish = forced_message(forced, '[{"name": "ge', "length")
+    assert cut == {"role": "assistant", "content": '[{"name": "ge'} and finish == "length"
+
+
+@pytest.mark.parametrize(
+    ("tools", "choice", "message"),
+    [
+        (TOOLS, "auto", "tool-call parser"),
+        (None, "required", "at least one tool"),
+        (TOOLS, {"type": "function", "function": {"name": "missing"}}, "not among the tools"),
+        (TOOLS, "sometimes", "tool_choice must be"),
+        ([{"type": "retrieval"}], "required", "not a function tool"),
+        ([{"type": "function", "function": {}}], "required", "needs a name"),
+    ],
+)
+def test_tool_choices_that_cannot_be_honoured(tools, choice, message) -> None:
+    from tokenspeed.runtime.entrypoints.tool_choice import ToolChoiceError, forced_tools
+
+    with pytest.raises(ToolChoiceError, match=message):
+        forced_tools(tools, choice)
+    assert forced_tools(TOOLS, "none") is None and forced_tools(TOOLS, None) is None

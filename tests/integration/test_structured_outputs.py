@@ -132,3 +132,98 @@ def test_bad_constraints_are_400_and_the_server_keeps_serving(
         json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=30,
     )  # fmt: skip
     assert ok.status_code == 200
+
+
+# ---- forced tool calls ------------------------------------------------------------------------
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Rome"]},
+                       "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "noop", "parameters": {
+        "type": "object", "properties": {}, "additionalProperties": False}}},
+]  # fmt: skip
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def no_whitespace() -> dict[str, int]:
+    """logit_bias banning every token with whitespace in it: the random model would otherwise
+    fill JSON's optional whitespace until max_tokens."""
+    from tokenspeed.runtime.tiny_model import ensure_tiny_model
+    from tokenspeed.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(ensure_tiny_model())
+    spaced = [i for i in range(tok.vocab_size) if any(c.isspace() for c in tok.decode([i]))]
+    return {str(i): -100 for i in spaced}
+
+
+def check_weather_call(call) -> None:
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    assert args["city"] in ("Paris", "Rome") and 1 <= args["days"] <= 7
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_named_tool_choice_answers_with_that_call(client, no_whitespace, stream) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=USER, tools=TOOLS, tool_choice=NAMED, max_tokens=60,
+        temperature=0.7, seed=5, logit_bias=no_whitespace, stream=stream,
+    )  # fmt: skip
+    if not stream:
+        (choice,) = r.choices
+        assert choice.finish_reason == "stop" and choice.message.content is None
+        (call,) = choice.message.tool_calls
+        check_weather_call(call)
+        return
+    chunks = list(r)
+    head = chunks[0].choices[0].delta.tool_calls[0]  # id and name first, then the arguments
+    assert head.function.name == "get_weather" and head.function.arguments == ""
+    arguments = "".join(c.choices[0].delta.tool_calls[0].function.arguments
+                        for c in chunks[1:] if c.choices and c.choices[0].delta.tool_calls)  # fmt: skip
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    head.function.arguments = arguments
+    check_weather_call(head)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_required_tool_choice_answers_with_calls(client, no_whitespace, stream) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=USER, tools=TOOLS, tool_choice="required", max_tokens=120,
+        temperature=0.7, seed=6, logit_bias=no_whitespace, n=2, stream=stream,
+    )  # fmt: skip
+    if stream:
+        calls: dict[int, list] = {0: [], 1: []}
+        finish = {}
+        for chunk in r:
+            for c in chunk.choices:
+                calls[c.index] += c.delta.tool_calls or []
+                finish[c.index] = c.finish_reason or finish.get(c.index)
+        assert finish == {0: "tool_calls", 1: "tool_calls"}
+        per_choice = [[tc.function for tc in calls[i]] for i in (0, 1)]
+    else:
+        assert [c.finish_reason for c in r.choices] == ["tool_calls", "tool_calls"]
+        per_choice = [[tc.function for tc in c.message.tool_calls] for c in r.choices]
+    for functions in per_choice:
+        assert functions and {f.name for f in functions} <= {"get_weather", "noop"}
+        for f in functions:
+            args = json.loads(f.arguments)
+            assert args == {} if f.name == "noop" else args["city"] in ("Paris", "Rome")
+
+
+@pytest.mark.parametrize(
+    ("choice", "fields", "mention"),
+    [
+        ("auto", {}, "tool-call parser"),
+        ({"type": "function", "function": {"name": "nope"}}, {}, "not among the tools"),
+        ("required", {"response_format": {"type": "json_object"}}, "cannot be combined"),
+    ],
+    ids=["auto", "unknown-name", "with-response-format"],
+)
+def test_tool_choices_that_cannot_be_honoured_are_400(server, choice, fields, mention) -> None:
+    body = {"model": MODEL, "messages": USER, "tools": TOOLS, "tool_choice": choice, **fields}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400 and mention in r.json()["error"]["message"], r.text
