@@ -137,6 +137,8 @@ class LLM:
         return [results[rid] for rid in rids]
 
     def _apply(self, out: RequestOutput, update: RequestUpdate, params: SamplingParams) -> None:
+        if update.error is not None:
+            raise ValueError(update.error)
         comp = out.outputs[0]
         comp.token_ids.extend(update.new_token_ids)
         if comp.logprobs is not None and update.new_logprobs:

@@ -7,6 +7,7 @@ runs exactly what the plan says.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections import deque
@@ -57,6 +58,11 @@ class EventLoop:
         grammars (without one, such requests are refused)."""
         self.executor = executor
         self.grammar_backend = grammar_backend
+        # A request whose grammar is new compiles on the backend's thread (the server sets
+        # this, so one large schema does not stall every other request's steps); it reaches
+        # the scheduler once compiled. Offline, compiling at submit keeps errors synchronous.
+        self.compile_grammars_in_background = False
+        self._compiling: dict[str, concurrent.futures.Future[Any]] = {}
         self.scheduler = scheduler
         self._protocol = protocol
         self.max_model_len = executor.max_model_len
@@ -139,11 +145,17 @@ class EventLoop:
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
         seed = params.seed if params.seed is not None else int(self.rng.integers(0, 2**62))
-        grammar = None
+        grammar, compiling = None, None
         if params.grammar is not None:
-            if self.grammar_backend is None:
+            backend = self.grammar_backend
+            if backend is None:
                 raise ValueError("structured outputs are not available in this engine")
-            grammar = self.grammar_backend.matcher(params.grammar, sorted(stop_ids))
+            compiled = backend.ready(params.grammar)
+            if compiled is None and self.compile_grammars_in_background:
+                compiling = backend.compile_in_background(params.grammar)
+            else:
+                compiled = compiled if compiled is not None else backend.compile(params.grammar)
+                grammar = backend.matcher_for(compiled, sorted(stop_ids))
         req = Request(
             request_id=request_id,
             prompt_ids=prompt,
@@ -155,12 +167,41 @@ class EventLoop:
         )
         if arrival is not None:
             req.arrival = arrival
-        sched = self._proto()
+        if compiling is not None:  # submitted once compiled (``_admit_compiled``)
+            self.requests[request_id] = req
+            self._compiling[request_id] = compiling
+            return
+        self._submit(req)
+        self.requests[request_id] = req
+
+    def _submit(self, req: Request) -> None:
+        """Hand a request to the scheduler; ``ValueError`` if it can never run."""
+        spec = self._proto().RequestSpec(req.request_id, req.prompt_ids, req.max_new_tokens)
         try:
-            self.scheduler.submit_requests([sched.RequestSpec(request_id, prompt, max_new)])
+            self.scheduler.submit_requests([spec])
         except (RuntimeError, ValueError) as exc:
             raise ValueError(str(exc)) from exc
-        self.requests[request_id] = req
+
+    def _admit_compiled(self, updates: list[RequestUpdate]) -> None:
+        """Submit the requests whose grammars finished compiling; fail those that did not
+        compile. With nothing else to run, wait a little for a compile instead of spinning."""
+        if len(self._compiling) == len(self.requests) and not updates:
+            concurrent.futures.wait(list(self._compiling.values()), timeout=0.01,
+                                    return_when=concurrent.futures.FIRST_COMPLETED)  # fmt: skip
+        for rid, future in list(self._compiling.items()):
+            if not future.done():
+                continue
+            del self._compiling[rid]
+            req = self.requests[rid]
+            try:
+                assert self.grammar_backend is not None
+                req.grammar = self.grammar_backend.matcher_for(
+                    future.result(), sorted(req.stop_ids)
+                )
+                self._submit(req)
+            except ValueError as exc:  # a bad grammar (GrammarError), or it can never fit
+                del self.requests[rid]
+                updates.append(RequestUpdate(rid, [], None, True, "abort", error=str(exc)))
 
     def abort_request(self, request_id: str) -> Request | None:
         """Stop a request now (client went away); it reports finish reason ``abort``."""
@@ -174,6 +215,12 @@ class EventLoop:
         req = self.requests.get(request_id)
         if req is None or req.finished:
             return None
+        if self._compiling.pop(request_id, None) is not None:  # never reached the scheduler
+            self._finalise(req, reason, None)
+            self._pending_updates.append(
+                RequestUpdate(request_id, [], None, True, reason, req.stats)
+            )
+            return req
         sched = self._proto()
         stats = self._scheduler_request_stats(request_id)
         ev = sched.Abort(request_id) if event == "abort" else sched.Finish(request_id, reason)
@@ -195,6 +242,8 @@ class EventLoop:
         """Run one plan; return what each touched request gained (and who finished)."""
         sched = self._proto()
         updates, self._pending_updates = self._pending_updates, []
+        if self._compiling:
+            self._admit_compiled(updates)
         plan = self.scheduler.next_execution_plan()
         events: list[Any] = []
         for op in plan.cache_ops:

@@ -116,3 +116,4 @@ class RequestUpdate:
     finish_reason: str | None = None
     stats: RequestStats | None = None
     cached_tokens: int | None = None
+    error: str | None = None  # the request failed before running (a grammar that did not compile)

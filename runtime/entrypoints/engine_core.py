@@ -38,6 +38,7 @@ class EngineCore:
         self.args = args
         self.model_path: Path = resolve_model_path(args.model, args.load_format)
         self.loop = EventLoop.from_server_args(args, self.model_path)
+        self.loop.compile_grammars_in_background = True
         self._top_k: dict[str, int] = {}
         self.kv_events = kv_events.start_publisher(args.kv_events_config)
         self.live = LiveCounters()  # tokenspeed top: cumulative token counters
@@ -98,6 +99,9 @@ class EngineCore:
         return [self._item(u) for u in updates]
 
     def _item(self, u: RequestUpdate) -> dict[str, Any]:
+        if u.error is not None:  # the client gets a 400 with the message
+            self._top_k.pop(u.request_id, None)
+            return {"rid": u.request_id, "error": u.error}
         item: dict[str, Any] = {"rid": u.request_id, "ids": list(u.new_token_ids)}
         if u.cached_tokens is not None:  # set on a request's first token only
             item["cached_tokens"] = u.cached_tokens
@@ -137,9 +141,12 @@ class EngineCore:
         return snap
 
     def close(self) -> None:
-        """Stop the KV-event publisher (if any); the engine process is exiting."""
+        """Stop the KV-event publisher (if any) and the grammar compile thread; the engine
+        process is exiting."""
         if self.kv_events is not None:
             self.kv_events.close()
+        if self.loop.grammar_backend is not None:
+            self.loop.grammar_backend.close()
 
     # ---- stats --------------------------------------------------------------------------
     def stats(self, detail: bool = False, live: bool = False) -> dict[str, Any]:

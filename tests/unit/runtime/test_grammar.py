@@ -269,3 +269,59 @@ def test_finished_requests_release_their_matchers(llm):
     assert all(g is None for g in state.grammar)
     batch = state.gather(np.arange(len(PROMPTS)))
     assert batch.grammar_mask is None and batch.grammars is None
+
+
+# ---- compiling in the background (the server's mode) ---------------------------------------
+
+
+@pytest.fixture
+def background_llm():
+    llm = LLM(None, device="cpu", max_total_tokens=4096, max_num_seqs=8)
+    llm.engine.compile_grammars_in_background = True
+    yield llm
+    llm.engine.grammar_backend.close()
+
+
+def test_new_grammars_compile_while_other_requests_run(background_llm):
+    """A request with a new grammar waits off the scheduler until compiled; its batch mates
+    run meanwhile and decode what they decode alone."""
+    llm = background_llm
+    plain = SamplingParams(temperature=0.0, max_tokens=10)
+    alone = llm.generate(PROMPTS, plain)
+    spec = GrammarSpec.json_schema(SCHEMA, any_whitespace=False)
+    assert llm.engine.grammar_backend.ready(spec) is None
+    sp = SamplingParams(temperature=0.0, max_tokens=60, grammar=spec)
+    mixed = llm.generate(PROMPTS + PROMPTS, [plain] * len(PROMPTS) + [sp] * len(PROMPTS))
+    assert [o.outputs[0].token_ids for o in mixed[: len(PROMPTS)]] == [
+        o.outputs[0].token_ids for o in alone
+    ]
+    for text, reason in texts(mixed[len(PROMPTS) :]):
+        assert reason == "stop" and json.loads(text)["answer"] in ("yes", "no")
+    assert llm.engine.grammar_backend.ready(spec) is not None  # compiled once, kept
+    assert not llm.engine._compiling
+
+
+def test_a_grammar_failing_in_the_background_ends_its_request_with_the_error(background_llm):
+    engine = background_llm.engine
+    engine.add_request("bad", [1, 2, 3], SamplingParams(grammar=GrammarSpec.regex("(a")))
+    assert "bad" in engine.requests  # accepted; the compile has not run yet
+    updates = []
+    while engine.has_work():
+        updates += engine.step()
+    (update,) = [u for u in updates if u.request_id == "bad"]
+    assert update.finished and "invalid regex" in (update.error or "")
+    assert "bad" not in engine.requests and not engine._compiling
+    with pytest.raises(ValueError, match="invalid regex"):  # the offline API raises it
+        background_llm.generate("x", SamplingParams(grammar=GrammarSpec.regex("(b")))
+
+
+def test_aborting_a_request_while_its_grammar_compiles(background_llm):
+    engine = background_llm.engine
+    engine.add_request("gone", [1, 2, 3], SamplingParams(grammar=GrammarSpec.regex("[xyz]{9}")))
+    engine.abort_request("gone")
+    updates = []
+    while engine.has_work():
+        updates += engine.step()
+    assert [(u.request_id, u.finish_reason) for u in updates] == [("gone", "abort")]
+    assert not engine.requests and not engine._compiling
+    assert engine.stats()["num_unfinished"] == 0
