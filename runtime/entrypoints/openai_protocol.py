@@ -282,6 +282,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -293,7 +294,7 @@ class ChatCompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _check_tool_choice(self) -> ChatCompletionRequest:
-        forced = forced_tools(self.tools, self.tool_choice)  # raises for what cannot be done
+        forced = self.forced_tools  # raises for what cannot be done
         if forced is not None and super().grammar_spec() is not None:
             raise RequestFieldError(
                 "a forced tool call cannot be combined with response_format or structured_outputs"
@@ -303,7 +304,7 @@ class ChatCompletionRequest(SamplingFields):
     @property
     def forced_tools(self) -> ForcedTools | None:
         """The tool call(s) `tool_choice` forces ("required" or a named function), if any."""
-        return forced_tools(self.tools, self.tool_choice)
+        return forced_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def grammar_spec(self) -> GrammarSpec | None:
         """A forced tool call's grammar, else the structured-output constraint."""
@@ -331,6 +332,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
 
     @field_validator("prompt")
     @classmethod
@@ -347,6 +349,8 @@ class CompletionRequest(SamplingFields):
     def _check_unsupported(self) -> CompletionRequest:
         if self.suffix:
             raise RequestFieldError("suffix is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise RequestFieldError("best_of is not supported (ask for n sequences instead)")
         if self.echo and self.stream:
             raise RequestFieldError("echo is not supported with stream")
         return self

@@ -51,9 +51,12 @@ def _functions(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def forced_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> ForcedTools | None:
+def forced_tools(
+    tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: bool = True
+) -> ForcedTools | None:
     """The constraint `tool_choice` asks for, or None (no choice, or "none": the tools are only
-    shown to the model by the chat template). Raises `ToolChoiceError` for what cannot be done."""
+    shown to the model by the chat template); ``parallel=False`` (OpenAI's
+    `parallel_tool_calls`) allows one call. Raises `ToolChoiceError` for what cannot be done."""
     if tool_choice is None or tool_choice == "none":
         return None
     if tool_choice == "auto":
@@ -74,7 +77,9 @@ def forced_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> Forced
             }
             for name, params in functions.items()
         ]
-        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if not parallel:
+            schema["maxItems"] = 1
         return ForcedTools(GrammarSpec.json_schema(schema))
     fn = tool_choice.get("function") if isinstance(tool_choice, dict) else None
     if not isinstance(fn, dict) or tool_choice.get("type", "function") != "function":

@@ -471,6 +471,7 @@ BAD_REQUESTS = [
         {"model": MODEL, "messages": USER, "logit_bias": {"99999": 1}},
         400,
     ),
+    ("best_of", COMP, {"model": MODEL, "prompt": "x", "best_of": 3}, 400),
     ("unknown model", CHAT, {"model": "gpt-9", "messages": USER}, 404),
 ]
 

@@ -245,6 +245,9 @@ def test_required_tool_choice_is_an_array_of_calls() -> None:
     assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"city": "Rome"}
     delta = message_delta(message)
     assert [c["index"] for c in delta["tool_calls"]] == [0, 1] and delta["content"] is None
+    assert "maxItems" not in schema
+    one = forced_tools(TOOLS, "required", parallel=False)
+    assert one is not None and json.loads(one.spec.value)["maxItems"] == 1
     cut, finish = forced_message(forced, '[{"name": "ge', "length")
     assert cut == {"role": "assistant", "content": '[{"name": "ge'} and finish == "length"
 

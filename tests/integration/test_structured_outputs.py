@@ -214,6 +214,14 @@ def test_required_tool_choice_answers_with_calls(client, no_whitespace, stream) 
             assert args == {} if f.name == "noop" else args["city"] in ("Paris", "Rome")
 
 
+def test_required_without_parallel_calls_makes_one(client, no_whitespace) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=USER, tools=TOOLS, tool_choice="required", max_tokens=120,
+        temperature=0.7, seed=8, logit_bias=no_whitespace, n=3, parallel_tool_calls=False,
+    )  # fmt: skip
+    assert [len(c.message.tool_calls or []) for c in r.choices] == [1, 1, 1]
+
+
 @pytest.mark.parametrize(
     ("choice", "fields", "mention"),
     [
