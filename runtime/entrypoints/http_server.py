@@ -369,9 +369,14 @@ def build_app(state: ServerState) -> FastAPI:
     ) -> AsyncIterator[str]:  # fmt: skip
         base = {"id": rid, "object": "chat.completion.chunk", "created": created,
                 "model": state.model_name}  # fmt: skip
-        usage_null = {"usage": None} if body.include_usage else {}
         tokens = [0] * body.n
         cached = 0
+
+        def usage() -> dict[str, Any]:  # the usage field of a content chunk
+            if body.continuous_usage:
+                return {"usage": usage_dict(len(gen.prompt_ids), sum(tokens), cached)}
+            return {"usage": None} if body.include_usage else {}
+
         forced = body.forced_tools
         held = [""] * body.n  # "required": the calls are parsed once the output is complete
         for i in range(body.n):
@@ -380,7 +385,7 @@ def build_app(state: ServerState) -> FastAPI:
                 call = tool_call(forced.name, "")
                 first = {"role": "assistant", "content": None, "tool_calls": [{"index": 0, **call}]}
             choice = {"index": i, "delta": first, "logprobs": None, "finish_reason": None}
-            yield _sse({**base, "choices": [choice], **usage_null})
+            yield _sse({**base, "choices": [choice], **usage()})
         async for d in stream:
             tokens[d.index] = d.completion_tokens
             cached = d.cached_tokens if d.index == 0 else cached
@@ -403,7 +408,7 @@ def build_app(state: ServerState) -> FastAPI:
             lp = (chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs or [])
                   if body.logprobs else None)  # fmt: skip
             choice = {"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
-            yield _sse({**base, "choices": [choice], **usage_null})
+            yield _sse({**base, "choices": [choice], **usage()})
         if body.include_usage:
             usage = usage_dict(len(gen.prompt_ids), sum(tokens), cached)
             yield _sse({**base, "choices": [], "usage": usage})
@@ -484,10 +489,15 @@ def build_app(state: ServerState) -> FastAPI:
     ) -> AsyncIterator[str]:  # fmt: skip
         base = {"id": rid, "object": "text_completion", "created": created,
                 "model": state.model_name}  # fmt: skip
-        usage_null = {"usage": None} if body.include_usage else {}
         tokens = [0] * total
         cached = [0] * total
         offsets = [0] * total
+
+        def usage() -> dict[str, Any]:  # the usage field of a content chunk
+            if body.continuous_usage:
+                return {"usage": usage_dict(prompt_tokens, sum(tokens), sum(cached[:: body.n]))}
+            return {"usage": None} if body.include_usage else {}
+
         async for d in stream:
             tokens[d.index], cached[d.index] = d.completion_tokens, d.cached_tokens
             if not d.text and d.finish_reason is None and body.logprobs is None:
@@ -499,7 +509,7 @@ def build_app(state: ServerState) -> FastAPI:
             offsets[d.index] += len(d.text)
             choice = {"index": d.index, "text": d.text, "logprobs": lp,
                       "finish_reason": d.finish_reason}  # fmt: skip
-            yield _sse({**base, "choices": [choice], **usage_null})
+            yield _sse({**base, "choices": [choice], **usage()})
         if body.include_usage:
             usage = usage_dict(prompt_tokens, sum(tokens), sum(cached[:: body.n]))
             yield _sse({**base, "choices": [], "usage": usage})

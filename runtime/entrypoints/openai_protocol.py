@@ -197,6 +197,11 @@ class SamplingFields(_Request):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's `continuous_usage_stats`: usage on every chunk (with `include_usage`)."""
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)  # type: ignore[union-attr]
+
     def _format_spec(self) -> GrammarSpec | None:
         """``response_format``'s constraint (None for text)."""
         fmt = self.response_format

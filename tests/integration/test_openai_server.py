@@ -161,6 +161,28 @@ def test_streaming_chat_with_usage(client: openai.OpenAI) -> None:
     assert usage_chunks[0].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_continuous_usage_stats_put_usage_on_every_chunk(client: openai.OpenAI, endpoint) -> None:
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    if endpoint == "chat":
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Count."}], max_tokens=10,
+            temperature=0, stream=True, stream_options=opts, extra_body={"ignore_eos": True},  # type: ignore[arg-type]
+        )  # fmt: skip
+    else:
+        stream = client.completions.create(model=MODEL, prompt="Count.", max_tokens=10,
+                                           temperature=0, stream=True, stream_options=opts,
+                                           extra_body={"ignore_eos": True})  # fmt: skip
+    chunks = list(stream)
+    assert all(c.usage is not None for c in chunks)
+    done = [c.usage.completion_tokens for c in chunks]
+    assert (
+        done == sorted(done)
+        and done[-1] == chunks[-1].usage.total_tokens - chunks[-1].usage.prompt_tokens
+    )
+    assert chunks[-1].choices == [] and done[-1] == 10
+
+
 def test_streaming_without_usage_sends_none(client: openai.OpenAI) -> None:
     chunks = list(client.completions.create(model=MODEL, prompt="abc", max_tokens=3, stream=True))
     assert all(c.usage is None for c in chunks)
