@@ -34,8 +34,10 @@ from tokenspeed.runtime.entrypoints.metrics import ServerMetrics
 from tokenspeed.runtime.entrypoints.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     OpenAIError,
     SamplingFields,
+    TokenizeRequest,
     error_body,
     new_id,
     now,
@@ -300,6 +302,35 @@ def build_app(state: ServerState) -> FastAPI:
             raise OpenAIError(f"no running request with id {rid!r}", status=404,
                               type="not_found_error", param="rid")  # fmt: skip
         return {"rid": rid, "aborted_sequences": aborted}
+
+    # ---- tokenizer (vLLM's endpoints: count tokens, check a template) -------------------
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        check_model(body.model)
+        text, add = body.prompt, body.add_special_tokens
+        if body.messages is not None:  # the chat template brings its own special tokens
+            try:
+                text = state.tokenizer.apply_chat_template(
+                    [m.for_template() for m in body.messages],
+                    add_generation_prompt=body.add_generation_prompt, tools=body.tools,
+                    **dict(body.chat_template_kwargs or {}),
+                )  # fmt: skip
+            except Exception as e:
+                raise OpenAIError(f"could not apply the chat template: {e}",
+                                  param="messages") from None  # fmt: skip
+            add = bool(add)
+        assert text is not None
+        tokens = state.tokenizer.encode(text, add_special_tokens=True if add is None else add)
+        return {"count": len(tokens), "max_model_len": llm.max_model_len, "tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        check_model(body.model)
+        bad = [t for t in body.tokens if t >= state.vocab_size]
+        if bad:
+            raise OpenAIError(f"token id {bad[0]} is outside the vocabulary "
+                              f"(size {state.vocab_size})", param="tokens")  # fmt: skip
+        return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     # ---- chat completions -----------------------------------------------------------------
     @app.post("/v1/chat/completions")

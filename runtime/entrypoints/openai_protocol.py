@@ -378,6 +378,43 @@ def _flat_ids(v: Any) -> list[int]:
     return []
 
 
+# ---- tokenizer endpoints (vLLM's /tokenize and /detokenize) -------------------------------
+
+
+class TokenizeRequest(_Request):
+    """POST /tokenize: a text prompt, or chat messages rendered by the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise RequestFieldError("give exactly one of prompt and messages")
+        if self.messages is not None and not self.messages:
+            raise RequestFieldError("messages must not be empty")
+        return self
+
+
+class DetokenizeRequest(_Request):
+    """POST /detokenize."""
+
+    model: str | None = None
+    tokens: list[int]
+
+    @field_validator("tokens")
+    @classmethod
+    def _check_ids(cls, v: list[int]) -> list[int]:
+        if any(t < 0 for t in v):
+            raise ValueError("token ids must be non-negative")
+        return v
+
+
 # ---- response helpers -------------------------------------------------------------------
 
 

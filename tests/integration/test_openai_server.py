@@ -450,6 +450,44 @@ def test_abort_request_endpoint(server: Server) -> None:
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
+# ---- tokenizer endpoints ---------------------------------------------------------------------
+
+
+def test_tokenize_counts_what_generation_counts(server: Server, client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "How many tokens is this?"}]
+    chat = httpx.post(f"{server.url}/tokenize", json={"model": MODEL, "messages": messages})
+    assert chat.status_code == 200, chat.text
+    body = chat.json()
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    assert body["count"] == len(body["tokens"]) == r.usage.prompt_tokens
+    assert body["max_model_len"] == 1024
+    text = httpx.post(f"{server.url}/tokenize", json={"prompt": "Once upon a time"}).json()
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=1)
+    assert text["count"] == r.usage.prompt_tokens
+    back = httpx.post(f"{server.url}/detokenize", json={"tokens": text["tokens"]})
+    assert back.status_code == 200 and back.json()["prompt"].endswith("Once upon a time")
+    templated = httpx.post(f"{server.url}/detokenize", json={"tokens": body["tokens"]}).json()
+    assert "How many tokens is this?" in templated["prompt"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "x"}]}),
+        ("/tokenize", {}),
+        ("/tokenize", {"model": "gpt-9", "prompt": "x"}),
+        ("/detokenize", {"tokens": [1, 10**7]}),
+        ("/detokenize", {"tokens": [-1]}),
+        ("/detokenize", {"tokens": "abc"}),
+    ],
+    ids=["both-inputs", "no-input", "unknown-model", "id-out-of-vocab", "negative-id", "not-ids"],
+)
+def test_tokenizer_endpoints_reject_bad_bodies(server: Server, path: str, body: dict) -> None:
+    r = httpx.post(f"{server.url}{path}", json=body, timeout=10)
+    assert r.status_code in (400, 404), r.text
+    assert r.json()["error"]["message"]
+
+
 # ---- errors --------------------------------------------------------------------------------
 
 CHAT = "/v1/chat/completions"
