@@ -154,10 +154,16 @@ class ServerArgs:
         None, "model", "Jinja chat template file overriding the tokenizer's.", metavar="PATH"
     )
     reasoning_parser: str | None = option(
-        None, "model", "Split reasoning content from the answer (e.g. deepseek-r1, qwen3)."
+        None,
+        "model",
+        "Split chat output into reasoning_content and content: qwen3 (hybrid thinking), "
+        "deepseek-r1 (the template opens the thinking block).",
     )
     tool_call_parser: str | None = option(
-        None, "model", "Parse tool calls from the output (e.g. qwen25, kimi_k2, deepseekv3)."
+        None,
+        "model",
+        "Parse the model's tool calls into tool_calls (and allow tool_choice auto): qwen25 / "
+        "hermes (<tool_call> JSON blocks).",
     )
     device: str = option(
         "auto",
@@ -352,6 +358,10 @@ class ServerArgs:
         return {f.name: getattr(self, f.name) for f in option_fields()}
 
 
+# The parsers of runtime/parsers/ (named here so that checking a configuration imports nothing).
+_BUILT_REASONING_PARSERS = ("deepseek-r1", "qwen3")
+_BUILT_TOOL_CALL_PARSERS = ("hermes", "qwen25")
+
 # Options declared above whose non-default values this build cannot honour yet. Each entry
 # disappears when the feature lands; `serve` refuses to start with any of them.
 _NOT_IN_THIS_BUILD: dict[str, tuple[Callable[[ServerArgs], bool], str]] = {
@@ -369,12 +379,12 @@ _NOT_IN_THIS_BUILD: dict[str, tuple[Callable[[ServerArgs], bool], str]] = {
         "expert parallelism is not built yet",
     ),
     "reasoning_parser": (
-        lambda a: a.reasoning_parser is not None,
-        "reasoning parsers are not built yet",
+        lambda a: a.reasoning_parser not in (None, *_BUILT_REASONING_PARSERS),
+        f"the reasoning parsers built are {', '.join(_BUILT_REASONING_PARSERS)}",
     ),
     "tool_call_parser": (
-        lambda a: a.tool_call_parser is not None,
-        "tool-call parsers are not built yet",
+        lambda a: a.tool_call_parser not in (None, *_BUILT_TOOL_CALL_PARSERS),
+        f"the tool-call parsers built are {', '.join(_BUILT_TOOL_CALL_PARSERS)}",
     ),
     "speculative_algorithm": (
         lambda a: a.speculative_algorithm is not None,

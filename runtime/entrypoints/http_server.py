@@ -45,7 +45,10 @@ from tokenspeed.runtime.entrypoints.openai_protocol import (
     validation_message,
 )
 from tokenspeed.runtime.entrypoints.stats_stream import router as stats_router
-from tokenspeed.runtime.entrypoints.tool_choice import forced_message, message_delta, tool_call
+from tokenspeed.runtime.entrypoints.tool_choice import forced_message, message_delta
+from tokenspeed.runtime.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+from tokenspeed.runtime.parsers.chat import ChatOutputParser
+from tokenspeed.runtime.parsers.tool_calls import tool_call
 
 logger = logging.getLogger("tokenspeed.server")
 
@@ -108,6 +111,14 @@ def engine_params(req: SamplingFields, max_tokens: int, logprobs: int | None) ->
     if grammar is not None:
         params["grammar"] = grammar.to_dict()
     return params
+
+
+def _merge_deltas(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two parser deltas as one: texts joined, tool calls in order."""
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = out[key] + value if key in out else value
+    return out
 
 
 def _sse(obj: dict[str, Any]) -> str:
@@ -209,6 +220,23 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(cache_routes.router)  # GET /cache/snapshot (tokenspeed inspect-cache)
     app.include_router(stats_router)  # GET /v1/stats, /v1/stats/stream (tokenspeed top)
     llm = state.llm
+    reasoning_parser = REASONING_PARSERS.get(state.args.reasoning_parser or "")
+    tool_parser = TOOL_CALL_PARSERS.get(state.args.tool_call_parser or "")
+
+    def output_parser(body: ChatCompletionRequest) -> ChatOutputParser | None:
+        """One choice's parser, where the server has parsers this request uses: reasoning
+        unless a tool call is forced (its grammar starts at the first token), tool calls
+        when tools are offered and the model may choose (`tool_choice` absent or "auto")."""
+        if body.forced_tools is not None:
+            return None
+        wants_tools = tool_parser is not None and bool(body.tools)
+        wants_tools &= body.tool_choice in (None, "auto")
+        if reasoning_parser is None and not wants_tools:
+            return None
+        return ChatOutputParser(
+            reasoning_parser() if reasoning_parser else None,
+            tool_parser() if wants_tools and tool_parser else None,
+        )
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
@@ -336,6 +364,12 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
+        if body.tool_choice == "auto" and tool_parser is None:
+            raise OpenAIError(
+                'tool_choice "auto" needs a tool-call parser (--tool-call-parser); this server '
+                'has none. Use "required" or a named function to get tool_calls',
+                param="tool_choice",
+            )
         messages = [m.for_template() for m in body.messages]
         kwargs = dict(body.chat_template_kwargs or {})
         try:
@@ -366,8 +400,11 @@ def build_app(state: ServerState) -> FastAPI:
         for i in range(body.n):
             message: dict[str, Any] = {"role": "assistant", "content": result.text[i]}
             finish = result.finish[i]
+            parser = output_parser(body)
             if forced is not None:  # the output is the call's JSON: answer with tool_calls
                 message, finish = forced_message(forced, result.text[i], finish)
+            elif parser is not None:  # reasoning and/or the model's own tool calls
+                message, finish = parser.message(result.text[i], finish)
             lp = (
                 chat_logprobs(result.ids[i], result.lp[i], result.top[i]) if body.logprobs else None
             )
@@ -410,6 +447,7 @@ def build_app(state: ServerState) -> FastAPI:
 
         forced = body.forced_tools
         held = [""] * body.n  # "required": the calls are parsed once the output is complete
+        parsers = [output_parser(body) for _ in range(body.n)]
         for i in range(body.n):
             first: dict[str, Any] = {"role": "assistant", "content": ""}
             if forced is not None and forced.name is not None:  # arguments stream after this
@@ -436,6 +474,13 @@ def build_app(state: ServerState) -> FastAPI:
                 if finish is not None:
                     message, finish = forced_message(forced, held[d.index], finish)
                     delta = message_delta(message)
+            elif (parser := parsers[d.index]) is not None:
+                delta = parser.push(d.text)
+                if finish is not None:
+                    delta = _merge_deltas(delta, parser.finish())
+                    finish = parser.finish_reason(finish)
+                elif not delta and not body.logprobs:
+                    continue  # held back (a tag may be starting)
             lp = (chat_logprobs(d.token_ids, d.logprobs or [], d.top_logprobs or [])
                   if body.logprobs else None)  # fmt: skip
             choice = {"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": finish}

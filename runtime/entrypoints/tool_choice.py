@@ -4,17 +4,17 @@ A model asked to call a tool is held by a grammar to the call's JSON, so no tool
 needed (vLLM does the same): a named function's output is its arguments object (the function's
 `parameters` schema); "required" outputs a JSON array of `{"name", "parameters"}` objects, one
 of the tools each. The server then answers with `tool_calls` instead of `content`. "auto", where
-the model decides, needs a model-specific tool-call parser, which this build does not have.
+the model decides, needs the model's own tool-call format parsed (`runtime/parsers/`).
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from tokenspeed.runtime.grammar.spec import GrammarSpec
+from tokenspeed.runtime.parsers.tool_calls import tool_call
 
 
 class ToolChoiceError(ValueError):
@@ -54,16 +54,12 @@ def _functions(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
 def forced_tools(
     tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: bool = True
 ) -> ForcedTools | None:
-    """The constraint `tool_choice` asks for, or None (no choice, or "none": the tools are only
-    shown to the model by the chat template); ``parallel=False`` (OpenAI's
-    `parallel_tool_calls`) allows one call. Raises `ToolChoiceError` for what cannot be done."""
-    if tool_choice is None or tool_choice == "none":
+    """The constraint `tool_choice` asks for, or None: no choice or "none" (the tools are only
+    shown to the model by the chat template), or "auto" (the server's tool-call parser finds
+    the calls, if it has one). ``parallel=False`` (OpenAI's `parallel_tool_calls`) allows one
+    call. Raises `ToolChoiceError` for what cannot be done."""
+    if tool_choice in (None, "none", "auto"):
         return None
-    if tool_choice == "auto":
-        raise ToolChoiceError(
-            'tool_choice "auto" needs a tool-call parser, which this build does not have; '
-            'use "required" or a named function to get tool_calls'
-        )
     functions = _functions(tools)
     if tool_choice == "required":
         if not functions:
@@ -91,15 +87,6 @@ def forced_tools(
     if name not in functions:
         raise ToolChoiceError(f"tool_choice names {name!r}, which is not among the tools")
     return ForcedTools(GrammarSpec.json_schema(functions[name]), name)
-
-
-def tool_call(name: str, arguments: str) -> dict[str, Any]:
-    """One entry of `message.tool_calls`."""
-    return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
 
 
 def parse_required(text: str) -> list[dict[str, Any]] | None:

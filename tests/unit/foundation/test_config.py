@@ -107,6 +107,11 @@ def test_options_this_build_cannot_honour_are_named():
     unsupported = args.unsupported_options()
     assert any(line.startswith("kv_cache_dtype=") for line in unsupported)
     assert any(line.startswith("speculative_algorithm=") for line in unsupported)
+    parsers = build_server_args({"reasoning_parser": "kimi", "tool_call_parser": "kimi_k2"})
+    named = parsers.unsupported_options()
+    assert any("reasoning_parser='kimi'" in line and "qwen3" in line for line in named)
+    assert any("tool_call_parser='kimi_k2'" in line and "qwen25" in line for line in named)
+    assert build_server_args({"reasoning_parser": "deepseek-r1"}).unsupported_options() == []
 
 
 def test_sizes_and_json_parse():

@@ -39,6 +39,14 @@ def test_tiny_recipe_serves_the_embedded_model_with_nothing_unsupported():
     assert args.unsupported_options() == []
 
 
+@pytest.mark.parametrize("name", ["qwen3-8b", "qwen3-30b-a3b"])
+def test_single_gpu_qwen3_recipes_ask_for_nothing_unbuilt(name):
+    """Their reasoning (qwen3) and tool-call (qwen25) parsers are built, so they serve."""
+    args = build_server_args(load_recipe(name).options)
+    assert (args.reasoning_parser, args.tool_call_parser) == ("qwen3", "qwen25")
+    assert args.unsupported_options() == []
+
+
 def test_large_recipes_name_what_this_build_cannot_run():
     args = build_server_args(load_recipe("kimi-k25").options)
     assert args.tensor_parallel_size == 8
