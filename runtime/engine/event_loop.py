@@ -199,7 +199,9 @@ class EventLoop:
                     future.result(), sorted(req.stop_ids)
                 )
                 self._submit(req)
-            except ValueError as exc:  # a bad grammar (GrammarError), or it can never fit
+            except Exception as exc:  # a bad grammar (GrammarError), or it can never fit
+                if not isinstance(exc, ValueError):
+                    logger.exception("request %s: grammar compile failed", rid)
                 del self.requests[rid]
                 updates.append(RequestUpdate(rid, [], None, True, "abort", error=str(exc)))
 

@@ -122,7 +122,8 @@ class GrammarBackend:
     ) -> None:
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
         self.vocab_size = int(vocab_size)
-        self.stop_token_ids = sorted({int(t) for t in stop_token_ids})
+        # (an EOS id past the vocabulary, as a shrunk test model may have, cannot end a grammar)
+        self.stop_token_ids = sorted({int(t) for t in stop_token_ids if 0 <= t < vocab_size})
         self._compiler: Any = None
         self._lock = threading.Lock()
         self._compiled: OrderedDict[GrammarSpec, Any] = OrderedDict()
@@ -132,7 +133,14 @@ class GrammarBackend:
     def _get_compiler(self) -> Any:
         with self._lock:
             if self._compiler is None:
-                self._compiler = self._build_compiler()
+                try:
+                    self._compiler = self._build_compiler()
+                except GrammarError:
+                    raise
+                except Exception as exc:  # a tokenizer xgrammar cannot read: refuse requests
+                    raise GrammarError(
+                        f"structured outputs are unavailable for this model: {_clean_message(exc)}"
+                    ) from exc
             return self._compiler
 
     def _build_compiler(self) -> Any:
@@ -227,8 +235,14 @@ class GrammarBackend:
         request's EOS and stop ids; the model's EOS when the request has none)."""
         import xgrammar as xgr
 
-        stops = sorted({int(t) for t in stop_token_ids}) or self.stop_token_ids
-        return RequestGrammar(xgr.GrammarMatcher(compiled, override_stop_tokens=stops))
+        stops = sorted({int(t) for t in stop_token_ids if 0 <= t < self.vocab_size})
+        try:
+            matcher = xgr.GrammarMatcher(
+                compiled, override_stop_tokens=stops or self.stop_token_ids
+            )
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise GrammarError(f"cannot start the grammar: {_clean_message(exc)}") from exc
+        return RequestGrammar(matcher)
 
     def close(self) -> None:
         """Stop the compile thread (pending compiles are dropped)."""

@@ -325,3 +325,22 @@ def test_aborting_a_request_while_its_grammar_compiles(background_llm):
     assert [(u.request_id, u.finish_reason) for u in updates] == [("gone", "abort")]
     assert not engine.requests and not engine._compiling
     assert engine.stats()["num_unfinished"] == 0
+
+
+def test_stop_ids_past_the_vocabulary_are_left_out():
+    """A shrunk model may keep its real EOS id beyond the shrunk vocabulary: the grammar ends on
+    the ids that exist instead of failing (which, in the engine, would fail the request)."""
+    from tokenspeed.runtime.grammar.backend import GrammarBackend
+    from tokenspeed.runtime.tiny_model import ensure_tiny_model
+
+    backend = GrammarBackend(ensure_tiny_model(), 1024, [2, 151645])
+    assert backend.stop_token_ids == [2]
+    grammar = backend.matcher(GrammarSpec.choice(["ok"]), [2, 151645])
+    assert all(grammar.accept(t) for t in [*_ids("ok"), 2]) and grammar.finished
+
+
+def _ids(text: str) -> list[int]:
+    from tokenspeed.runtime.tiny_model import ensure_tiny_model
+    from tokenspeed.runtime.tokenizer import Tokenizer
+
+    return Tokenizer.from_dir(ensure_tiny_model()).encode(text, add_special_tokens=False)
