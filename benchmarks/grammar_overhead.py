@@ -6,10 +6,10 @@ JSON schema, a regex and JSON mode against it with ``GrammarBackend``'s compiler
 times: the first and the cached compile, the bitmask fill of one decode step for one sequence
 (``RequestGrammar.fill_bitmask``) and for ``--batch`` sequences together (``fill_bitmasks``,
 xgrammar's thread pool), ``accept`` of a token, and unpacking + applying the mask to
-``--batch`` rows of logits (``sampling.processors.grammar_mask``, the device part, here on
-the CPU).
+``--batch`` rows of logits (``sampling.processors.grammar_mask``, the device part, on
+``--device``).
 
-    python benchmarks/grammar_overhead.py --vocab 151936 --out FILE
+    python benchmarks/grammar_overhead.py --vocab 151936 --out FILE [--device cuda]
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--batch", type=int, default=64, help="rows of logits for the mask")
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--device", default="cpu", help="where the mask is applied (cuda on a GPU)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -138,22 +139,32 @@ def main(argv: list[str] | None = None) -> int:
             "accept_rollback_us": median_us(accepts), "allowed_tokens": len(allowed),
         })  # fmt: skip
         print(rows[-1])
-    logits = torch.randn(args.batch, args.vocab)
+    device = torch.device(args.device)
+    logits = torch.randn(args.batch, args.vocab, device=device)
     bitmask = torch.randint(-(2**31), 2**31 - 1, (args.batch, (args.vocab + 31) // 32),
-                            dtype=torch.int32)  # fmt: skip
-    index = torch.arange(args.batch)
+                            dtype=torch.int32, device=device)  # fmt: skip
+    index = torch.arange(args.batch, device=device)
     times = []
     for _ in range(20):
+        work = logits.clone()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
-        grammar_mask(logits.clone(), index, bitmask)
+        grammar_mask(work, index, bitmask)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     result = {
         "vocab": args.vocab,
         "threads": torch.get_num_threads(),
         "grammars": rows,
-        "mask_apply_cpu_us": {"batch": args.batch, "median_us": median_us(times)},
+        "mask_apply_us": {
+            "device": args.device,
+            "batch": args.batch,
+            "median_us": median_us(times),
+        },
     }
-    print(result["mask_apply_cpu_us"])
+    print(result["mask_apply_us"])
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     return 0
