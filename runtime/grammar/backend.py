@@ -125,7 +125,7 @@ class GrammarBackend:
         # (an EOS id past the vocabulary, as a shrunk test model may have, cannot end a grammar)
         self.stop_token_ids = sorted({int(t) for t in stop_token_ids if 0 <= t < vocab_size})
         self._compiler: Any = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a done future runs its callback (which locks) at once
         self._compiled: OrderedDict[GrammarSpec, Any] = OrderedDict()
         self._inflight: dict[GrammarSpec, Future[Any]] = {}
         self._pool: ThreadPoolExecutor | None = None
