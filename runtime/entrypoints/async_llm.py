@@ -42,6 +42,7 @@ class GenerationRequest:
     prompt_ids: list[int]
     params: dict[str, Any]  # engine-side sampling params (the runtime's SamplingParams fields)
     stop: list[str] = field(default_factory=list)
+    include_stop: bool = False  # the matched stop string stays in the output
     n: int = 1
     skip_special_tokens: bool = True
 
@@ -74,7 +75,7 @@ class _Sequence:
     def __init__(self, llm: AsyncLLM, rid: str, index: int, req: GenerationRequest) -> None:
         self.llm, self.rid, self.index, self.req = llm, rid, index, req
         self.detok = IncrementalDetokenizer(llm.tokenizer, req.prompt_ids, req.skip_special_tokens)
-        self.stops = StopStringMatcher(req.stop)
+        self.stops = StopStringMatcher(req.stop, req.include_stop)
         self.queue: asyncio.Queue[dict[str, Any]] | None = None
         self.tokens = 0
         self.cached = 0

@@ -73,8 +73,10 @@ class IncrementalDetokenizer:
 class StopStringMatcher:
     """Finds the first stop string in a text stream and holds back possible stop prefixes."""
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], include: bool = False) -> None:
+        """``include`` (vLLM's `include_stop_str_in_output`) releases the stop string too."""
         self.stops = [s for s in stops if s]
+        self.include = include
         self.longest = max((len(s) for s in self.stops), default=0)
         self.text = ""  # text received but not yet released
         self.stopped = False
@@ -92,7 +94,8 @@ class StopStringMatcher:
         )
         if hit >= 0:
             self.stopped = True
-            out, self.text = self.text[:hit], ""
+            matched = next(s for s in self.stops if self.text.startswith(s, hit))
+            out, self.text = self.text[: hit + (len(matched) if self.include else 0)], ""
             return out, True
         keep = self._held_back_len()
         cut = len(self.text) - keep

@@ -385,6 +385,7 @@ def build_app(state: ServerState) -> FastAPI:
             prompt_ids=prompt_ids,
             params=engine_params(body, max_tokens, body.num_logprobs),
             stop=list(body.stop or []),
+            include_stop=body.include_stop_str_in_output,
             n=body.n,
             skip_special_tokens=body.skip_special_tokens,
         )
@@ -514,6 +515,7 @@ def build_app(state: ServerState) -> FastAPI:
                 prompt_ids=ids,
                 params=engine_params(body, mt, body.logprobs),
                 stop=list(body.stop or []),
+                include_stop=body.include_stop_str_in_output,
                 n=body.n,
                 skip_special_tokens=body.skip_special_tokens,
             )  # fmt: skip

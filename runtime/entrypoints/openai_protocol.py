@@ -143,6 +143,7 @@ class SamplingFields(_Request):
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
+    include_stop_str_in_output: bool = False
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)

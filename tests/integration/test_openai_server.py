@@ -223,6 +223,21 @@ def test_stop_string_is_never_emitted(client: openai.OpenAI, stream: bool) -> No
     assert finish == "stop"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_include_stop_str_in_output(client: openai.OpenAI, stream: bool) -> None:
+    prompt = "Once upon a time"
+    full = _greedy_text(client, prompt, 24)
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop],
+                  extra_body={"ignore_eos": True, "include_stop_str_in_output": True})  # fmt: skip
+    if stream:
+        chunks = list(client.completions.create(stream=True, **kwargs))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+    else:
+        text = client.completions.create(**kwargs).choices[0].text
+    assert text == full[: full.index(stop) + len(stop)]
+
+
 def test_stop_token_ids(client: openai.OpenAI) -> None:
     from tokenspeed.runtime.model_source import resolve_model_path
     from tokenspeed.runtime.tokenizer import Tokenizer

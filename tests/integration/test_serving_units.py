@@ -73,6 +73,17 @@ def run_matcher(stops: list[str], deltas: list[str]) -> tuple[list[str], bool]:
     return out, hit
 
 
+def test_included_stop_string_is_released_with_the_text() -> None:
+    """vLLM's include_stop_str_in_output: the text ends with the stop string found first (the
+    earliest; at the same place, the one listed first), even across deltas."""
+    for stops, want in ((["END", "E"], "abc END"), (["E", "END"], "abc E")):
+        m = StopStringMatcher(stops, include=True)
+        assert "".join(m.push(t)[0] for t in ["abc ", "END", " more"]) == want
+    m = StopStringMatcher(["xyz"], include=True)
+    assert m.push("ab xy") == ("ab ", False)
+    assert m.push("z!") == ("xyz", True)
+
+
 def test_stop_string_split_across_deltas_is_never_emitted() -> None:
     out, hit = run_matcher(["STOP"], ["abc S", "T", "O", "P tail"])
     assert hit
