@@ -112,7 +112,9 @@ class EventLoop:
             eos_token_ids=eos,
             seed=int(args.seed),
             log_request_stats=bool(getattr(args, "enable_log_request_stats", False)),
-            grammar_backend=GrammarBackend(tokenizer_dir, executor.hf_config.vocab_size, eos),
+            grammar_backend=GrammarBackend(
+                tokenizer_dir, executor.hf_config.vocab_size, eos, args.reasoning_parser
+            ),
         )
 
     # ---- requests -----------------------------------------------------------------------

@@ -45,7 +45,7 @@ from tokenspeed.runtime.entrypoints.openai_protocol import (
     validation_message,
 )
 from tokenspeed.runtime.entrypoints.stats_stream import router as stats_router
-from tokenspeed.runtime.entrypoints.tool_choice import forced_message, message_delta
+from tokenspeed.runtime.entrypoints.tool_choice import ForcedTools, forced_message, message_delta
 from tokenspeed.runtime.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from tokenspeed.runtime.parsers.chat import ChatOutputParser
 from tokenspeed.runtime.parsers.tool_calls import tool_call
@@ -224,9 +224,9 @@ def build_app(state: ServerState) -> FastAPI:
     tool_parser = TOOL_CALL_PARSERS.get(state.args.tool_call_parser or "")
 
     def output_parser(body: ChatCompletionRequest) -> ChatOutputParser | None:
-        """One choice's parser, where the server has parsers this request uses: reasoning
-        unless a tool call is forced (its grammar starts at the first token), tool calls
-        when tools are offered and the model may choose (`tool_choice` absent or "auto")."""
+        """One choice's parser, where the server has parsers this request uses: reasoning,
+        and tool calls when tools are offered and the model may choose (`tool_choice` absent
+        or "auto"). A forced tool call splits off reasoning itself (`forced_answer`)."""
         if body.forced_tools is not None:
             return None
         wants_tools = tool_parser is not None and bool(body.tools)
@@ -403,7 +403,7 @@ def build_app(state: ServerState) -> FastAPI:
             finish = result.finish[i]
             parser = output_parser(body)
             if forced is not None:  # the output is the call's JSON: answer with tool_calls
-                message, finish = forced_message(forced, result.text[i], finish)
+                message, finish = forced_answer(forced, result.text[i], finish)
             elif parser is not None:  # reasoning and/or the model's own tool calls
                 message, finish = parser.message(result.text[i], finish)
             lp = (
@@ -417,6 +417,15 @@ def build_app(state: ServerState) -> FastAPI:
             "choices": choices,
             "usage": usage_dict(len(prompt_ids), sum(result.tokens), result.cached[0]),
         })  # fmt: skip
+
+    def forced_answer(forced: ForcedTools, text: str, finish: str) -> tuple[dict[str, Any], str]:
+        """A forced call's message; a thinking model's block (before the grammar took hold)
+        becomes `reasoning_content`."""
+        if reasoning_parser is None:
+            return forced_message(forced, text, finish)
+        reasoning, answer = reasoning_parser.split(text)
+        message, finish = forced_message(forced, answer or "", finish)
+        return {**message, "reasoning_content": reasoning}, finish
 
     def chat_logprobs(
         ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]]
@@ -449,6 +458,9 @@ def build_app(state: ServerState) -> FastAPI:
         forced = body.forced_tools
         held = [""] * body.n  # "required": the calls are parsed once the output is complete
         parsers = [output_parser(body) for _ in range(body.n)]
+        # a forced call from a thinking model: its thinking block first, then the call
+        thinkers = [reasoning_parser() if forced and reasoning_parser else None
+                    for _ in range(body.n)]  # fmt: skip
         for i in range(body.n):
             first: dict[str, Any] = {"role": "assistant", "content": ""}
             if forced is not None and forced.name is not None:  # arguments stream after this
@@ -463,18 +475,27 @@ def build_app(state: ServerState) -> FastAPI:
                 continue  # tokens that end mid-character: nothing to show yet
             delta: dict[str, Any] = {"content": d.text} if d.text or d.finish_reason is None else {}
             finish = d.finish_reason
-            if forced is not None and forced.name is not None:
-                arguments = {"index": 0, "function": {"arguments": d.text}}
-                delta = {"tool_calls": [arguments]} if d.text else {}
-                finish = forced.finish_reason if finish == "stop" else finish
-            elif forced is not None:  # "required": held back, sent whole once complete
-                held[d.index] += d.text
-                if finish is None and not body.logprobs:
+            if forced is not None:
+                thought, text = "", d.text
+                if (thinker := thinkers[d.index]) is not None:  # its block, then the call
+                    thought, text = thinker.push(text)
+                    if finish is not None:
+                        more_thought, more_text = thinker.flush()
+                        thought, text = thought + more_thought, text + more_text
+                if forced.name is not None:  # the arguments stream as they come
+                    arguments = {"index": 0, "function": {"arguments": text}}
+                    delta = {"tool_calls": [arguments]} if text else {}
+                    finish = forced.finish_reason if finish == "stop" else finish
+                else:  # "required": held back, sent whole once complete
+                    held[d.index] += text
+                    delta = {}
+                    if finish is not None:
+                        message, finish = forced_message(forced, held[d.index], finish)
+                        delta = message_delta(message)
+                if thought:
+                    delta = {"reasoning_content": thought, **delta}
+                if not delta and finish is None and not body.logprobs:
                     continue
-                delta = {}
-                if finish is not None:
-                    message, finish = forced_message(forced, held[d.index], finish)
-                    delta = message_delta(message)
             elif (parser := parsers[d.index]) is not None:
                 delta = parser.push(d.text)
                 if finish is not None:

@@ -17,6 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,11 @@ from tokenspeed.runtime.grammar.spec import GrammarSpec
 # xgrammar's C++ errors read "[12:00:00] /project/cpp/file.cc:123: Check failed: (...) is
 # false: <what went wrong>"; users get only what went wrong.
 _CPP_PREFIX = re.compile(r"^\s*\[[0-9:.]+\]\s+\S+:\d+:\s*(Check failed: .*? is false: )?")
+
+
+#: reasoning parsers whose models think in a <think> block -> whether the output starts
+#: inside it (the chat template opened it)
+THINKING_PARSERS = {"qwen3": False, "deepseek-r1": True}
 
 
 class GrammarError(ValueError):
@@ -67,29 +73,78 @@ def _parts(component: dict[str, Any], key: str) -> list[dict[str, Any]]:
     return [p for p in items or [] if isinstance(p, dict)]
 
 
+@dataclass(frozen=True)
+class ThinkTokens:
+    """The single tokens that open and close a thinking block (``<think>``, ``</think>``), and
+    whether the output starts inside one (the chat template opened it, DeepSeek-R1 style)."""
+
+    start: int
+    end: int
+    starts_thinking: bool = False
+
+
 class RequestGrammar:
     """One request's position in its grammar: which tokens may come next, and the tokens so
-    far. Its state moves with the request (retraction and re-admission keep it)."""
+    far. Its state moves with the request (retraction and re-admission keep it).
 
-    def __init__(self, matcher: Any) -> None:
+    With ``think`` (a thinking model served with a reasoning parser) the grammar holds the
+    answer only: the thinking block is free text. Where the model may open the block itself,
+    its first token may also be ``think.start``.
+    """
+
+    def __init__(self, matcher: Any, think: ThinkTokens | None = None) -> None:
         self._matcher = matcher
+        self.think = think
         self.rejected = False  # a token the grammar did not allow was sampled (see accept)
+        # "active": the grammar holds every token; "opening": the first token may open a
+        # thinking block instead; "thinking": anything goes until think.end.
+        self.phase = "active"
+        if think is not None:
+            self.phase = "thinking" if think.starts_thinking else "opening"
+
+    @property
+    def masks(self) -> bool:
+        """Whether this step's token is masked at all (not while thinking)."""
+        return self.phase != "thinking"
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
         """Write the allowed next tokens into ``bitmask[row]`` (int32 words, bit set = allowed)."""
+        if not self.masks:
+            bitmask[row] = -1
+            return
         self._matcher.fill_next_token_bitmask(bitmask, row)
+        self.after_fill(bitmask, row)
+
+    def after_fill(self, bitmask: Any, row: int) -> None:
+        """What the matcher's mask leaves out: the token that opens a thinking block."""
+        if self.phase == "opening" and self.think is not None:
+            word, bit = divmod(self.think.start, 32)
+            value = (int(bitmask[row, word]) & 0xFFFFFFFF) | (1 << bit)
+            bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value
 
     def accept(self, token: int) -> bool:
         """Advance by the sampled token. False only if the mask could not be honoured (every
         allowed token was banned, e.g. by ``min_tokens``); the request should then stop."""
-        ok = bool(self._matcher.accept_token(int(token)))
+        token = int(token)
+        if self.phase == "opening":
+            assert self.think is not None
+            if token == self.think.start:
+                self.phase = "thinking"
+                return True
+            self.phase = "active"
+        elif self.phase == "thinking":
+            assert self.think is not None
+            if token == self.think.end:
+                self.phase = "active"
+            return True
+        ok = bool(self._matcher.accept_token(token))
         self.rejected |= not ok
         return ok
 
     @property
     def finished(self) -> bool:
         """The grammar is complete and its stop token was accepted (or a token was refused)."""
-        return self.rejected or bool(self._matcher.is_terminated())
+        return self.rejected or (self.phase == "active" and bool(self._matcher.is_terminated()))
 
 
 @functools.cache
@@ -104,10 +159,18 @@ def fill_bitmasks(grammars: Sequence[RequestGrammar], bitmask: Any) -> None:
     """Fill ``bitmask[i]`` for ``grammars[i]``. Several rows are filled in parallel: a row
     inside a JSON string allows most of a 150k vocabulary and takes ~0.4 ms alone
     (``benchmarks/grammar_overhead.py``)."""
-    if len(grammars) == 1:
-        grammars[0].fill_bitmask(bitmask, 0)
-        return
-    _batch_matcher().batch_fill_next_token_bitmask([g._matcher for g in grammars], bitmask)
+    live = [(row, g) for row, g in enumerate(grammars) if g.masks]  # thinking rows: all -1
+    for row, g in enumerate(grammars):
+        if not g.masks:
+            g.fill_bitmask(bitmask, row)
+    if len(live) == 1:
+        live[0][1].fill_bitmask(bitmask, live[0][0])
+    elif live:
+        _batch_matcher().batch_fill_next_token_bitmask(
+            [g._matcher for _, g in live], bitmask, indices=[row for row, _ in live]
+        )
+        for row, g in live:
+            g.after_fill(bitmask, row)
 
 
 class GrammarBackend:
@@ -118,9 +181,17 @@ class GrammarBackend:
     CACHE_SIZE = 256
 
     def __init__(
-        self, tokenizer_dir: str | Path | None, vocab_size: int, stop_token_ids: Sequence[int]
+        self,
+        tokenizer_dir: str | Path | None,
+        vocab_size: int,
+        stop_token_ids: Sequence[int],
+        reasoning_parser: str | None = None,
     ) -> None:
+        """``reasoning_parser`` (the server's): grammars then hold the answer after the
+        thinking block, where ``<think>`` and ``</think>`` are single tokens."""
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else None
+        self.reasoning_parser = reasoning_parser
+        self.think: ThinkTokens | None = None  # found with the vocabulary (_build_compiler)
         self.vocab_size = int(vocab_size)
         # (an EOS id past the vocabulary, as a shrunk test model may have, cannot end a grammar)
         self.stop_token_ids = sorted({int(t) for t in stop_token_ids if 0 <= t < vocab_size})
@@ -159,9 +230,13 @@ class GrammarBackend:
         # Ids past the model's vocabulary (tokens its head cannot produce) are left out; ids
         # the tokenizer lacks (a padded head) stay empty strings, which xgrammar never matches.
         encoded = [""] * self.vocab_size
-        for text, idx in tokenizer.get_vocab(with_added_tokens=True).items():
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        for text, idx in vocab.items():
             if idx < self.vocab_size:
                 encoded[idx] = text
+        start, end = vocab.get("<think>"), vocab.get("</think>")
+        if self.reasoning_parser in THINKING_PARSERS and start is not None and end is not None:
+            self.think = ThinkTokens(start, end, THINKING_PARSERS[self.reasoning_parser])
         # Special tokens (chat markers, EOS) are never grammar text either; the stop tokens
         # still end a grammar, by id.
         for added in raw.get("added_tokens") or []:
@@ -238,11 +313,11 @@ class GrammarBackend:
         stops = sorted({int(t) for t in stop_token_ids if 0 <= t < self.vocab_size})
         try:
             matcher = xgr.GrammarMatcher(
-                compiled, override_stop_tokens=stops or self.stop_token_ids
+                compiled, override_stop_tokens=stops or self.stop_token_ids or None
             )
         except (RuntimeError, ValueError, TypeError) as exc:
             raise GrammarError(f"cannot start the grammar: {_clean_message(exc)}") from exc
-        return RequestGrammar(matcher)
+        return RequestGrammar(matcher, self.think)
 
     def close(self) -> None:
         """Stop the compile thread (pending compiles are dropped)."""

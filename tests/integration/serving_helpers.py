@@ -109,3 +109,14 @@ def start_server(tmp: Path, *flags: str, timeout: float = 120.0) -> Server:
         time.sleep(0.2)
     server.stop(signal.SIGKILL)
     raise RuntimeError(f"server not healthy after {timeout} s:\n{server.log()}")
+
+
+def no_whitespace_bias() -> dict[str, int]:
+    """logit_bias banning every tiny-model token with whitespace in it: its random weights
+    would otherwise fill JSON's optional whitespace until max_tokens."""
+    from tokenspeed.runtime.tiny_model import ensure_tiny_model
+    from tokenspeed.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(ensure_tiny_model())
+    spaced = [i for i in range(tok.vocab_size) if any(c.isspace() for c in tok.decode([i]))]
+    return {str(i): -100 for i in spaced}

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from serving_helpers import MODEL, Server, scheduler_built, start_server
+from serving_helpers import MODEL, Server, no_whitespace_bias, scheduler_built, start_server
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -111,3 +111,29 @@ def test_completions_are_raw_text(server: Server) -> None:
             "structured_outputs": {"choice": ["<think>raw</think>text"]}}  # fmt: skip
     r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)
     assert r.json()["choices"][0]["text"] == "<think>raw</think>text"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_forced_calls_with_a_reasoning_parser(client: openai.OpenAI, stream: bool) -> None:
+    """A forced call goes through the reasoning split first (a thinking model's block comes
+    before the grammar holds): without a block, the call is the whole output."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+        "required": ["city"], "additionalProperties": False}}}]  # fmt: skip
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(
+        model=MODEL, messages=USER, tools=tools, tool_choice=named, max_tokens=60,
+        temperature=0.7, seed=2, logit_bias=no_whitespace_bias(), stream=stream,
+    )  # fmt: skip
+    if stream:
+        chunks = list(r)
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        arguments = "".join(tc.function.arguments or "" for d in deltas
+                            for tc in d.tool_calls or [])  # fmt: skip
+        assert not any(d.model_dump().get("reasoning_content") for d in deltas)
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    else:
+        message = r.choices[0].message
+        assert message.model_dump()["reasoning_content"] is None
+        arguments = message.tool_calls[0].function.arguments
+    assert json.loads(arguments)["city"] in ("Paris", "Rome")

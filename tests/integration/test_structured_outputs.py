@@ -12,7 +12,7 @@ import re
 import httpx
 import openai
 import pytest
-from serving_helpers import MODEL, Server
+from serving_helpers import MODEL, Server, no_whitespace_bias
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -150,14 +150,7 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 @pytest.fixture(scope="module")
 def no_whitespace() -> dict[str, int]:
-    """logit_bias banning every token with whitespace in it: the random model would otherwise
-    fill JSON's optional whitespace until max_tokens."""
-    from tokenspeed.runtime.tiny_model import ensure_tiny_model
-    from tokenspeed.runtime.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_dir(ensure_tiny_model())
-    spaced = [i for i in range(tok.vocab_size) if any(c.isspace() for c in tok.decode([i]))]
-    return {str(i): -100 for i in spaced}
+    return no_whitespace_bias()
 
 
 def check_weather_call(call) -> None:

@@ -124,6 +124,8 @@ def test_grammar_mask_matches_xgrammar(vocab, rows):
 class OnlyToken:
     """A stand-in matcher that allows one token (a grammar at its end: only its stop token)."""
 
+    masks = True
+
     def __init__(self, token: int) -> None:
         self.token = token
 
@@ -344,3 +346,65 @@ def _ids(text: str) -> list[int]:
     from tokenspeed.runtime.tokenizer import Tokenizer
 
     return Tokenizer.from_dir(ensure_tiny_model()).encode(text, add_special_tokens=False)
+
+
+# ---- thinking models: the grammar holds the answer after the thinking block -----------------
+
+OPEN, CLOSE = 10, 11  # "(" and ")" in the tiny vocabulary stand in for <think> and </think>
+
+
+def thinking_backend(starts_thinking: bool):
+    from tokenspeed.runtime.grammar.backend import GrammarBackend, ThinkTokens
+    from tokenspeed.runtime.tiny_model import ensure_tiny_model
+
+    backend = GrammarBackend(ensure_tiny_model(), 1024, [2])
+    backend.compile(GrammarSpec.regex("[0-9]{2}"))  # builds the compiler
+    backend.think = ThinkTokens(OPEN, CLOSE, starts_thinking)
+    return backend
+
+
+def allowed(grammars, row: int) -> set[int]:
+    from tokenspeed.runtime.grammar.backend import fill_bitmasks
+
+    mask = torch.full((len(grammars), 32), -1, dtype=torch.int32)
+    fill_bitmasks(grammars, mask)
+    return {t for t in range(1024) if (int(mask[row, t // 32]) >> (t % 32)) & 1}
+
+
+def test_a_model_that_may_think_first_gets_the_grammar_after_it():
+    backend = thinking_backend(starts_thinking=False)
+    spec = GrammarSpec.regex("[0-9]{2}")
+    digit = _ids("7")[0]
+    g = backend.matcher(spec, [2])
+    first = allowed([g], 0)
+    assert OPEN in first and digit in first and CLOSE not in first and _ids("a")[0] not in first
+    assert g.accept(OPEN) and g.phase == "thinking"
+    assert allowed([g], 0) == set(range(1024))  # the thinking block is free text
+    assert g.accept(_ids("a")[0]) and g.accept(CLOSE) and g.phase == "active"
+    after = allowed([g], 0)
+    assert digit in after and OPEN not in after and CLOSE not in after
+    assert all(g.accept(t) for t in [digit, digit, 2]) and g.finished
+    # answering at once: the grammar holds from the first token, no block can open later
+    direct = backend.matcher(spec, [2])
+    assert direct.accept(digit) and direct.phase == "active" and OPEN not in allowed([direct], 0)
+
+
+def test_rows_in_different_phases_fill_together():
+    backend = thinking_backend(starts_thinking=True)  # DeepSeek-R1: the output starts thinking
+    spec = GrammarSpec.regex("[0-9]{2}")
+    thinking, answering = backend.matcher(spec, [2]), backend.matcher(spec, [2])
+    assert thinking.phase == "thinking" and answering.accept(CLOSE)
+    grammars = [answering, thinking, answering]
+    assert allowed(grammars, 1) == set(range(1024))
+    assert allowed(grammars, 0) == allowed(grammars, 2) == allowed([answering], 0)
+    assert _ids("7")[0] in allowed(grammars, 0) and CLOSE not in allowed(grammars, 0)
+
+
+def test_generation_thinks_freely_then_answers_in_the_grammar():
+    llm = LLM(None, device="cpu", max_total_tokens=4096, max_num_seqs=8)
+    llm.engine.grammar_backend = thinking_backend(starts_thinking=True)
+    sp = SamplingParams(temperature=0.0, max_tokens=20, logit_bias={CLOSE: 100.0},
+                        grammar=GrammarSpec.regex("[0-9]{3}"))  # fmt: skip
+    for text, reason in texts(llm.generate(PROMPTS, sp)):
+        # ")" ends the (empty) thinking block at once; after it, the bias cannot beat the mask
+        assert re.fullmatch(r"\)[0-9]{3}", text) and reason == "stop", text
