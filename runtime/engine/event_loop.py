@@ -152,12 +152,10 @@ class EventLoop:
             backend = self.grammar_backend
             if backend is None:
                 raise ValueError("structured outputs are not available in this engine")
-            compiled = backend.ready(params.grammar)
-            if compiled is None and self.compile_grammars_in_background:
+            if self.compile_grammars_in_background and backend.ready(params.grammar) is None:
                 compiling = backend.compile_in_background(params.grammar)
-            else:
-                compiled = compiled if compiled is not None else backend.compile(params.grammar)
-                grammar = backend.matcher_for(compiled, sorted(stop_ids))
+            else:  # at hand, or compiled now (offline)
+                grammar = backend.matcher(params.grammar, sorted(stop_ids))
         req = Request(
             request_id=request_id,
             prompt_ids=prompt,

@@ -8,6 +8,7 @@ tokenised or sent to the engine. Fields outside OpenAI's API (`top_k`, `min_p`,
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from typing import Any, Literal
@@ -307,9 +308,10 @@ class ChatCompletionRequest(SamplingFields):
             )
         return self
 
-    @property
+    @functools.cached_property
     def forced_tools(self) -> ForcedTools | None:
-        """The tool call(s) `tool_choice` forces ("required" or a named function), if any."""
+        """The tool call(s) `tool_choice` forces ("required" or a named function), if any;
+        built once per request (the validator, the grammar and every choice ask for it)."""
         return forced_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def grammar_spec(self) -> GrammarSpec | None:

@@ -159,9 +159,11 @@ def fill_bitmasks(grammars: Sequence[RequestGrammar], bitmask: Any) -> None:
     """Fill ``bitmask[i]`` for ``grammars[i]``. Several rows are filled in parallel: a row
     inside a JSON string allows most of a 150k vocabulary and takes ~0.4 ms alone
     (``benchmarks/grammar_overhead.py``)."""
-    live = [(row, g) for row, g in enumerate(grammars) if g.masks]  # thinking rows: all -1
+    live = []
     for row, g in enumerate(grammars):
-        if not g.masks:
+        if g.masks:
+            live.append((row, g))
+        else:  # thinking: everything allowed
             g.fill_bitmask(bitmask, row)
     if len(live) == 1:
         live[0][1].fill_bitmask(bitmask, live[0][0])

@@ -54,7 +54,7 @@ class ChatOutputParser:
 
     def message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         """A whole output as the assistant message and its finish reason."""
-        reasoning, content = self.reasoning.split(text) if self.reasoning else (None, text or None)
+        reasoning, content = self.reasoning.split(text) if self.reasoning else (None, text)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if self.reasoning:
             message["reasoning_content"] = reasoning
@@ -63,6 +63,4 @@ class ChatOutputParser:
             if calls:
                 message["tool_calls"] = calls
                 self.num_calls = len(calls)
-        if message["content"] is None and "tool_calls" not in message and not self.reasoning:
-            message["content"] = ""
         return message, self.finish_reason(finish)
