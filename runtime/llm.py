@@ -147,8 +147,9 @@ class LLM:
             out.finished = True
             comp.finish_reason = update.finish_reason
             out.metrics = update.stats
-            if self.tokenizer is not None:
-                comp.text = self.tokenizer.decode(comp.token_ids, params.skip_special_tokens)
+            if self.tokenizer is not None:  # a stop token's text is not output (as in vLLM)
+                ids = comp.token_ids[:-1] if update.finish_reason == "stop" else comp.token_ids
+                comp.text = self.tokenizer.decode(ids, params.skip_special_tokens)
 
     def _check_stop_strings(
         self,

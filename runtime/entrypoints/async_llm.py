@@ -136,7 +136,10 @@ class _Sequence:
             self._observe_timing(item)
             self.cached = item.get("cached_tokens", self.cached)
             ids: list[int] = item.get("ids") or []
-            stopped = self._consume(out, ids, item if want_lp else None)
+            # The engine's "stop" ends on a stop token (EOS, stop_token_ids, a grammar's end):
+            # its text is not output, as in vLLM, unless include_stop_str_in_output.
+            hide_last = item.get("finish") == "stop" and not self.req.include_stop
+            stopped = self._consume(out, ids, item if want_lp else None, hide_last)
             if stopped:
                 finish = "stop"
                 break
@@ -158,15 +161,19 @@ class _Sequence:
             return None
         return out
 
-    def _consume(self, out: SequenceDelta, ids: list[int], lp: dict[str, Any] | None) -> bool:
-        """Detokenise new ids into `out`; True when a stop string ended the sequence."""
+    def _consume(
+        self, out: SequenceDelta, ids: list[int], lp: dict[str, Any] | None, hide_last: bool
+    ) -> bool:
+        """Detokenise new ids into `out` (all but the last with ``hide_last``, which still
+        counts as a token); True when a stop string ended the sequence."""
         if not ids:
             return False
         # Without stop strings the whole delta is decoded at once; with them, token by token,
         # so the token that completes a stop string is the last one counted.
         chunks = [ids] if not self.stops.stops else [[t] for t in ids]
         for k, chunk in enumerate(chunks):
-            text, stopped = self.stops.push(self.detok.push(chunk))
+            shown = chunk[:-1] if hide_last and k == len(chunks) - 1 else chunk
+            text, stopped = self.stops.push(self.detok.push(shown) if shown else "")
             out.text += text
             out.token_ids.extend(chunk)
             self.tokens += len(chunk)

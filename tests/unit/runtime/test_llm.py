@@ -112,6 +112,17 @@ def test_text_chat_stop_strings_and_seeds():
         assert cut.outputs[0].finish_reason == "stop"
         assert cut.outputs[0].text == text[: text.index(stop)]
 
+    # a stop token ends the output without its text, special tokens kept or not (as in vLLM)
+    token = a.token_ids[3]
+    ended = llm.generate("Tell me", SamplingParams(temperature=1.0, max_tokens=24, seed=5,
+                                                   stop_token_ids=[token]))[0].outputs[0]  # fmt: skip
+    assert ended.finish_reason == "stop" and ended.token_ids == a.token_ids[:4]
+    assert ended.text == tok.decode(a.token_ids[:3])
+    kept = SamplingParams(temperature=1.0, max_tokens=300, seed=3, skip_special_tokens=False)
+    eos = [o.outputs[0] for o in llm.generate(["Hello there"] * 4, kept)]
+    assert any(c.finish_reason == "stop" for c in eos)
+    assert all(tok.eos_token not in c.text for c in eos)
+
     conv = [{"role": "user", "content": "Say something."}]
     chat = llm.chat(conv, SamplingParams(temperature=0.0, max_tokens=8))[0]
     assert chat.prompt_token_ids == tok.encode_chat(conv)
