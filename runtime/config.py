@@ -157,13 +157,15 @@ class ServerArgs:
         None,
         "model",
         "Split chat output into reasoning_content and content: qwen3 (hybrid thinking), "
-        "deepseek-r1 (the template opens the thinking block).",
+        "deepseek-r1 (the template opens the thinking block), deepseek-v3 (V3.1/V3.2: "
+        "thinking when the request sets chat_template_kwargs thinking), kimi_k2 (K2-Thinking, "
+        "K2.5), kimi (Kimi-VL-Thinking tags).",
     )
     tool_call_parser: str | None = option(
         None,
         "model",
         "Parse the model's tool calls into tool_calls (and allow tool_choice auto): qwen25 / "
-        "hermes (<tool_call> JSON blocks).",
+        "hermes (<tool_call> JSON blocks), deepseekv3, deepseekv31, kimi_k2.",
     )
     device: str = option(
         "auto",
@@ -359,8 +361,8 @@ class ServerArgs:
 
 
 # The parsers of runtime/parsers/ (named here so that checking a configuration imports nothing).
-_BUILT_REASONING_PARSERS = ("deepseek-r1", "qwen3")
-_BUILT_TOOL_CALL_PARSERS = ("hermes", "qwen25")
+_BUILT_REASONING_PARSERS = ("deepseek-r1", "deepseek-v3", "kimi", "kimi_k2", "qwen3")
+_BUILT_TOOL_CALL_PARSERS = ("deepseekv3", "deepseekv31", "hermes", "kimi_k2", "qwen25")
 
 # Options declared above whose non-default values this build cannot honour yet. Each entry
 # disappears when the feature lands; `serve` refuses to start with any of them.

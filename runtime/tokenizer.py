@@ -23,7 +23,21 @@ def _token_text(value: Any) -> str | None:
 
 
 class TokenizerNotFound(FileNotFoundError):
-    """The model directory has no ``tokenizer.json`` (token ids still work)."""
+    """The model directory has no tokenizer (token ids still work)."""
+
+
+def load_backend(path: str | Path) -> HFTokenizer:
+    """The directory's ``tokenizers`` tokenizer: ``tokenizer.json``, or a tiktoken BPE
+    (``tiktoken.model``, as Kimi K2 and Moonlight ship) converted to one."""
+    path = Path(path)
+    tok_file = path / "tokenizer.json"
+    if tok_file.is_file():
+        return HFTokenizer.from_file(str(tok_file))
+    from tokenspeed.runtime.tiktoken_vocab import TIKTOKEN_FILE, load_tiktoken_dir
+
+    if (path / TIKTOKEN_FILE).is_file():
+        return load_tiktoken_dir(path)
+    raise TokenizerNotFound(f"{path} has no tokenizer.json (nor {TIKTOKEN_FILE})")
 
 
 class Tokenizer:
@@ -44,11 +58,10 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, path: str | Path, chat_template: str | Path | None = None) -> Tokenizer:
-        """Load ``tokenizer.json`` + ``tokenizer_config.json`` (+ a chat template file if any)."""
+        """Load the tokenizer (``load_backend``) + ``tokenizer_config.json`` (+ a chat template
+        file if any)."""
         path = Path(path)
-        tok_file = path / "tokenizer.json"
-        if not tok_file.is_file():
-            raise TokenizerNotFound(f"{path} has no tokenizer.json")
+        backend = load_backend(path)
         cfg_file = path / "tokenizer_config.json"
         config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
         template = config.get("chat_template")
@@ -61,7 +74,7 @@ class Tokenizer:
         if chat_template is not None:
             p = Path(chat_template)
             template = p.read_text() if p.is_file() else str(chat_template)
-        return cls(HFTokenizer.from_file(str(tok_file)), config, template)
+        return cls(backend, config, template)
 
     @property
     def vocab_size(self) -> int:

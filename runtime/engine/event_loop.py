@@ -155,7 +155,7 @@ class EventLoop:
             if self.compile_grammars_in_background and backend.ready(params.grammar) is None:
                 compiling = backend.compile_in_background(params.grammar)
             else:  # at hand, or compiled now (offline)
-                grammar = backend.matcher(params.grammar, sorted(stop_ids))
+                grammar = backend.matcher(params.grammar, sorted(stop_ids), params.thinking)
         req = Request(
             request_id=request_id,
             prompt_ids=prompt,
@@ -196,7 +196,7 @@ class EventLoop:
             try:
                 assert self.grammar_backend is not None
                 req.grammar = self.grammar_backend.matcher_for(
-                    future.result(), sorted(req.stop_ids)
+                    future.result(), sorted(req.stop_ids), req.params.thinking
                 )
                 self._submit(req)
             except Exception as exc:  # a bad grammar (GrammarError), or it can never fit

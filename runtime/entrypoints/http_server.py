@@ -223,19 +223,29 @@ def build_app(state: ServerState) -> FastAPI:
     reasoning_parser = REASONING_PARSERS.get(state.args.reasoning_parser or "")
     tool_parser = TOOL_CALL_PARSERS.get(state.args.tool_call_parser or "")
 
+    def thinks(body: ChatCompletionRequest) -> bool:
+        """Whether the server's thinking model thinks for this request (hybrid models switch
+        it with a chat-template argument)."""
+        return reasoning_parser is not None and reasoning_parser.thinks(body.chat_template_kwargs)
+
+    def parses_tools(body: ChatCompletionRequest) -> bool:
+        """Tools are offered and the model may choose (`tool_choice` absent or "auto")."""
+        return (
+            tool_parser is not None
+            and bool(body.tools)
+            and body.tool_choice in (None, "auto")
+            and body.forced_tools is None
+        )
+
     def output_parser(body: ChatCompletionRequest) -> ChatOutputParser | None:
-        """One choice's parser, where the server has parsers this request uses: reasoning,
-        and tool calls when tools are offered and the model may choose (`tool_choice` absent
-        or "auto"). A forced tool call splits off reasoning itself (`forced_answer`)."""
-        if body.forced_tools is not None:
-            return None
-        wants_tools = tool_parser is not None and bool(body.tools)
-        wants_tools &= body.tool_choice in (None, "auto")
-        if reasoning_parser is None and not wants_tools:
+        """One choice's parser, where the server has parsers this request uses: reasoning
+        (unless the request turned thinking off), and tool calls (``parses_tools``). A forced
+        tool call splits off reasoning itself (`forced_answer`)."""
+        if body.forced_tools is not None or not (thinks(body) or parses_tools(body)):
             return None
         return ChatOutputParser(
-            reasoning_parser() if reasoning_parser else None,
-            tool_parser() if wants_tools and tool_parser else None,
+            reasoning_parser() if reasoning_parser and thinks(body) else None,
+            tool_parser() if tool_parser and parses_tools(body) else None,
         )
 
     @app.exception_handler(OpenAIError)
@@ -381,13 +391,17 @@ def build_app(state: ServerState) -> FastAPI:
             raise OpenAIError(f"could not apply the chat template: {e}", param="messages") from None
         max_tokens = llm.check_length(len(prompt_ids), body.output_limit, "max_completion_tokens"
                                       if body.max_completion_tokens else "max_tokens")  # fmt: skip
+        params = engine_params(body, max_tokens, body.num_logprobs)
+        params["thinking"] = thinks(body)  # a grammar holds the answer after the thinking
+        # a tool-call parser whose tags are special tokens (DeepSeek, Kimi) must see them
+        needs_tags = parses_tools(body) and bool(tool_parser and tool_parser.needs_special_tokens)
         gen = GenerationRequest(
             prompt_ids=prompt_ids,
-            params=engine_params(body, max_tokens, body.num_logprobs),
+            params=params,
             stop=list(body.stop or []),
             include_stop=body.include_stop_str_in_output,
             n=body.n,
-            skip_special_tokens=body.skip_special_tokens,
+            skip_special_tokens=body.skip_special_tokens and not needs_tags,
         )
         rid, created = new_id("chatcmpl"), now()
         stream = llm.generate(gen, rid)
@@ -403,7 +417,7 @@ def build_app(state: ServerState) -> FastAPI:
             finish = result.finish[i]
             parser = output_parser(body)
             if forced is not None:  # the output is the call's JSON: answer with tool_calls
-                message, finish = forced_answer(forced, result.text[i], finish)
+                message, finish = forced_answer(body, forced, result.text[i], finish)
             elif parser is not None:  # reasoning and/or the model's own tool calls
                 message, finish = parser.message(result.text[i], finish)
             lp = (
@@ -418,10 +432,12 @@ def build_app(state: ServerState) -> FastAPI:
             "usage": usage_dict(len(prompt_ids), sum(result.tokens), result.cached[0]),
         })  # fmt: skip
 
-    def forced_answer(forced: ForcedTools, text: str, finish: str) -> tuple[dict[str, Any], str]:
+    def forced_answer(
+        body: ChatCompletionRequest, forced: ForcedTools, text: str, finish: str
+    ) -> tuple[dict[str, Any], str]:
         """A forced call's message; a thinking model's block (before the grammar took hold)
         becomes `reasoning_content`."""
-        if reasoning_parser is None:
+        if reasoning_parser is None or not thinks(body):
             return forced_message(forced, text, finish)
         reasoning, answer = reasoning_parser.split(text)
         message, finish = forced_message(forced, answer or "", finish)
@@ -459,7 +475,7 @@ def build_app(state: ServerState) -> FastAPI:
         held = [""] * body.n  # "required": the calls are parsed once the output is complete
         parsers = [output_parser(body) for _ in range(body.n)]
         # a forced call from a thinking model: its thinking block first, then the call
-        thinkers = [reasoning_parser() if forced and reasoning_parser else None
+        thinkers = [reasoning_parser() if forced and reasoning_parser and thinks(body) else None
                     for _ in range(body.n)]  # fmt: skip
         for i in range(body.n):
             first: dict[str, Any] = {"role": "assistant", "content": ""}

@@ -22,15 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from tokenspeed.runtime.grammar.spec import GrammarSpec
+from tokenspeed.runtime.parsers.reasoning import REASONING_PARSERS
 
 # xgrammar's C++ errors read "[12:00:00] /project/cpp/file.cc:123: Check failed: (...) is
 # false: <what went wrong>"; users get only what went wrong.
 _CPP_PREFIX = re.compile(r"^\s*\[[0-9:.]+\]\s+\S+:\d+:\s*(Check failed: .*? is false: )?")
-
-
-#: reasoning parsers whose models think in a <think> block -> whether the output starts
-#: inside it (the chat template opened it)
-THINKING_PARSERS = {"qwen3": False, "deepseek-r1": True}
 
 
 class GrammarError(ValueError):
@@ -221,12 +217,14 @@ class GrammarBackend:
             import xgrammar as xgr
         except ImportError as exc:  # pragma: no cover - xgrammar is a dependency
             raise GrammarError("structured outputs need the xgrammar package") from exc
-        tok_file = self.tokenizer_dir / "tokenizer.json" if self.tokenizer_dir else None
-        if tok_file is None or not tok_file.is_file():
-            raise GrammarError("structured outputs need the model's tokenizer.json")
-        from tokenizers import Tokenizer as HFTokenizer
+        from tokenspeed.runtime.tokenizer import TokenizerNotFound, load_backend
 
-        tokenizer = HFTokenizer.from_file(str(tok_file))
+        try:
+            if self.tokenizer_dir is None:
+                raise TokenizerNotFound("no tokenizer directory")
+            tokenizer = load_backend(self.tokenizer_dir)
+        except TokenizerNotFound:
+            raise GrammarError("structured outputs need the model's tokenizer") from None
         raw = json.loads(tokenizer.to_str())
         vocab_type, prefix = vocab_metadata(raw)
         # Ids past the model's vocabulary (tokens its head cannot produce) are left out; ids
@@ -236,9 +234,11 @@ class GrammarBackend:
         for text, idx in vocab.items():
             if idx < self.vocab_size:
                 encoded[idx] = text
-        start, end = vocab.get("<think>"), vocab.get("</think>")
-        if self.reasoning_parser in THINKING_PARSERS and start is not None and end is not None:
-            self.think = ThinkTokens(start, end, THINKING_PARSERS[self.reasoning_parser])
+        parser = REASONING_PARSERS.get(self.reasoning_parser or "")
+        if parser is not None:
+            start, end = vocab.get(parser.START), vocab.get(parser.END)
+            if start is not None and end is not None:
+                self.think = ThinkTokens(start, end, parser.starts_thinking)
         # Special tokens (chat markers, EOS) are never grammar text either; the stop tokens
         # still end a grammar, by id.
         for added in raw.get("added_tokens") or []:
@@ -303,13 +303,19 @@ class GrammarBackend:
         except (RuntimeError, ValueError, TypeError) as exc:
             raise GrammarError(f"invalid {spec.kind}: {_clean_message(exc)}") from exc
 
-    def matcher(self, spec: GrammarSpec, stop_token_ids: Sequence[int] = ()) -> RequestGrammar:
+    def matcher(
+        self, spec: GrammarSpec, stop_token_ids: Sequence[int] = (), thinking: bool = True
+    ) -> RequestGrammar:
         """A fresh matcher for ``spec`` (compiled now if need be); see ``matcher_for``."""
-        return self.matcher_for(self.compile(spec), stop_token_ids)
+        return self.matcher_for(self.compile(spec), stop_token_ids, thinking)
 
-    def matcher_for(self, compiled: Any, stop_token_ids: Sequence[int] = ()) -> RequestGrammar:
+    def matcher_for(
+        self, compiled: Any, stop_token_ids: Sequence[int] = (), thinking: bool = True
+    ) -> RequestGrammar:
         """A fresh matcher of a compiled grammar; it ends on one of ``stop_token_ids`` (the
-        request's EOS and stop ids; the model's EOS when the request has none)."""
+        request's EOS and stop ids; the model's EOS when the request has none). With
+        ``thinking`` false (the request turned its model's thinking off) it holds the output
+        from the first token, even where the server's model thinks."""
         import xgrammar as xgr
 
         stops = sorted({int(t) for t in stop_token_ids if 0 <= t < self.vocab_size})
@@ -319,7 +325,7 @@ class GrammarBackend:
             )
         except (RuntimeError, ValueError, TypeError) as exc:
             raise GrammarError(f"cannot start the grammar: {_clean_message(exc)}") from exc
-        return RequestGrammar(matcher, self.think)
+        return RequestGrammar(matcher, self.think if thinking else None)
 
     def close(self) -> None:
         """Stop the compile thread (pending compiles are dropped)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenspeed.runtime.parsers.reasoning import ReasoningParser
-from tokenspeed.runtime.parsers.tool_calls import HermesToolParser
+from tokenspeed.runtime.parsers.tool_calls import ToolCallParser
 
 
 class ChatOutputParser:
@@ -16,7 +16,7 @@ class ChatOutputParser:
     parser may be absent; reasoning comes first, and only the answer is searched for calls.
     """
 
-    def __init__(self, reasoning: ReasoningParser | None, tools: HermesToolParser | None) -> None:
+    def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None) -> None:
         self.reasoning = reasoning
         self.tools = tools
         self.num_calls = 0

@@ -1,38 +1,54 @@
 """Reasoning parsers: a thinking model's output split into `reasoning_content` and `content`.
 
-Qwen3 and DeepSeek-R1 (and models trained like them) think between ``<think>`` and
-``</think>`` and answer after. They differ in who writes the opening tag: Qwen3's hybrid models
-write it themselves when they think (and skip the block when they do not), while DeepSeek-R1's
-chat template puts it in the prompt, so the output starts inside the thinking block. An output
-that does start with ``<think>`` has it removed either way.
+Most thinking models think between ``<think>`` and ``</think>`` and answer after. They differ
+in who writes the opening tag: Qwen3's hybrid models write it themselves when they think (and
+skip the block when they do not), while DeepSeek-R1's and Kimi K2's chat templates put it in
+the prompt, so the output starts inside the thinking block. An output that does start with
+the opening tag has it removed either way. Hybrid models switch thinking per request with a
+chat-template argument (``enable_thinking`` for Qwen3, ``thinking`` for DeepSeek-V3.1 and
+Kimi K2); a request that turns it off gets its output as content, unparsed.
 """
 
 from __future__ import annotations
 
-from tokenspeed.runtime.parsers.streaming import TagScanner, held_tail
+from collections.abc import Mapping
+from typing import Any
 
-START, END = "<think>", "</think>"
+from tokenspeed.runtime.parsers.streaming import TagScanner, held_tail
 
 
 class ReasoningParser:
     """Splits one output, streamed or whole; a fresh parser per sequence."""
 
+    START, END = "<think>", "</think>"
     #: whether the output begins inside the thinking block when it does not open one itself
     starts_thinking = False
+    #: tags that also end the thinking block and begin the answer (they stay in the answer)
+    ENDS_BEFORE: tuple[str, ...] = ()
+    #: the chat-template argument that switches thinking, and its default
+    switch: str | None = None
+    thinks_by_default = True
 
     def __init__(self) -> None:
         self._mode = "undecided"  # then "reasoning" or "content"
         self._head = ""  # undecided: the output so far (could still be the opening tag)
-        self._end = TagScanner(END)
+        self._end = TagScanner(self.END, *self.ENDS_BEFORE)
+
+    @classmethod
+    def thinks(cls, template_kwargs: Mapping[str, Any] | None) -> bool:
+        """Whether a request with these chat-template arguments has the model think."""
+        if cls.switch is None or not template_kwargs or cls.switch not in template_kwargs:
+            return cls.thinks_by_default
+        return bool(template_kwargs[cls.switch])
 
     def push(self, text: str) -> tuple[str, str]:
         """Add output text; return the (reasoning, content) that can be released now."""
         if self._mode == "undecided":
             self._head += text
             head = self._head.lstrip()
-            if head.startswith(START):
-                self._mode, text = "reasoning", head[len(START) :]
-            elif held_tail(head, START) == len(head):  # all of it may still be the tag
+            if head.startswith(self.START):
+                self._mode, text = "reasoning", head[len(self.START) :]
+            elif held_tail(head, self.START) == len(head):  # all of it may still be the tag
                 return "", ""
             else:
                 self._mode = "reasoning" if self.starts_thinking else "content"
@@ -44,7 +60,8 @@ class ReasoningParser:
         if not ended:
             return reasoning, ""
         self._mode = "content"
-        return reasoning, self._end.take_rest()
+        kept = self._end.found if self._end.found in self.ENDS_BEFORE else ""
+        return reasoning, kept + self._end.take_rest()
 
     def flush(self) -> tuple[str, str]:
         """At the end of the output: whatever was held back."""
@@ -74,6 +91,8 @@ class ReasoningParser:
 class Qwen3ReasoningParser(ReasoningParser):
     """Qwen3 hybrid models: thinking only when the output opens ``<think>``."""
 
+    switch = "enable_thinking"
+
 
 class DeepSeekR1ReasoningParser(ReasoningParser):
     """DeepSeek-R1 style: the template opened ``<think>``, the output starts by thinking."""
@@ -81,7 +100,33 @@ class DeepSeekR1ReasoningParser(ReasoningParser):
     starts_thinking = True
 
 
+class DeepSeekV3ReasoningParser(DeepSeekR1ReasoningParser):
+    """DeepSeek-V3.1 / V3.2 hybrid models: R1-style thinking, off unless the request sets the
+    template's ``thinking`` argument."""
+
+    switch = "thinking"
+    thinks_by_default = False
+
+
+class KimiK2ReasoningParser(DeepSeekR1ReasoningParser):
+    """Kimi K2 thinking models (K2-Thinking, K2.5): R1-style, on unless ``thinking`` is false;
+    a tool-call section also ends the thinking (the model may call without closing it)."""
+
+    ENDS_BEFORE = ("<|tool_calls_section_begin|>",)
+    switch = "thinking"
+
+
+class KimiReasoningParser(ReasoningParser):
+    """Earlier Kimi thinking models (Kimi-VL-Thinking): ``◁think▷ ... ◁/think▷``, opened by the
+    model itself."""
+
+    START, END = "\u25c1think\u25b7", "\u25c1/think\u25b7"
+
+
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "qwen3": Qwen3ReasoningParser,
     "deepseek-r1": DeepSeekR1ReasoningParser,
+    "deepseek-v3": DeepSeekV3ReasoningParser,
+    "kimi_k2": KimiK2ReasoningParser,
+    "kimi": KimiReasoningParser,
 }

@@ -13,28 +13,29 @@ def held_tail(text: str, tag: str) -> int:
 
 
 class TagScanner:
-    """Accumulates streamed text and splits it at the first ``tag``.
+    """Accumulates streamed text and splits it at the first of ``tags``.
 
-    ``push`` returns the text before the tag that is safe to release, and whether the tag has
-    been seen; after the tag, ``rest`` holds what followed it."""
+    ``push`` returns the text before the tag that is safe to release, and whether a tag has
+    been seen; then ``found`` names the tag and ``rest`` holds what followed it."""
 
-    def __init__(self, tag: str) -> None:
-        self.tag = tag
+    def __init__(self, *tags: str) -> None:
+        self.tags = tags
         self.pending = ""
-        self.found = False
+        self.found: str | None = None
         self.rest = ""
 
     def push(self, text: str) -> tuple[str, bool]:
-        if self.found:
+        if self.found is not None:
             self.rest += text
             return "", True
         self.pending += text
-        at = self.pending.find(self.tag)
-        if at >= 0:
-            out, self.rest = self.pending[:at], self.pending[at + len(self.tag) :]
-            self.pending, self.found = "", True
+        hits = [(at, tag) for tag in self.tags if (at := self.pending.find(tag)) >= 0]
+        if hits:
+            at, tag = min(hits)
+            out, self.rest = self.pending[:at], self.pending[at + len(tag) :]
+            self.pending, self.found = "", tag
             return out, True
-        keep = held_tail(self.pending, self.tag)
+        keep = max(held_tail(self.pending, tag) for tag in self.tags)
         cut = len(self.pending) - keep
         out, self.pending = self.pending[:cut], self.pending[cut:]
         return out, False
@@ -45,6 +46,6 @@ class TagScanner:
         return rest
 
     def flush(self) -> str:
-        """The held text, at the end of the stream (it was not the tag after all)."""
+        """The held text, at the end of the stream (it was not a tag after all)."""
         out, self.pending = self.pending, ""
         return out

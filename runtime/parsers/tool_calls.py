@@ -1,81 +1,143 @@
 """Tool-call parsers: the calls a model writes into its answer, as OpenAI `tool_calls`.
 
-Qwen2.5 and Qwen3 (and Hermes-style models) write each call as a JSON object between
-``<tool_call>`` and ``</tool_call>``: ``{"name": ..., "arguments": {...}}``. Text before the
-first call is the message's content. Streamed, content flows until a call opens; each call is
-sent whole once it closes (clients accumulate `tool_calls` deltas either way).
+Each family marks a call with its own tags, and some wrap all of an answer's calls in a section:
+
+- Hermes / Qwen2.5 / Qwen3: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
+- DeepSeek-V3: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`` then the
+  arguments in a fenced ```json block, ``<｜tool▁call▁end｜>`` ... ``<｜tool▁calls▁end｜>``;
+- DeepSeek-V3.1: the same tags with ``NAME<｜tool▁sep｜>ARGUMENTS`` inside a call;
+- Kimi K2: ``<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0``
+  ``<|tool_call_argument_begin|>ARGUMENTS<|tool_call_end|>`` ... ``<|tool_calls_section_end|>``.
+
+Text before the first call is the message's content. Streamed, content flows until a call
+opens; each call is sent whole once it closes (clients accumulate `tool_calls` deltas either
+way). Where the tags are special tokens (DeepSeek, Kimi), the server keeps special tokens in
+such requests' text so the parser can see them (``needs_special_tokens``).
 """
 
 from __future__ import annotations
 
+import abc
 import json
+import re
 import uuid
 from typing import Any
 
 from tokenspeed.runtime.parsers.streaming import TagScanner
 
 
-def tool_call(name: str, arguments: str) -> dict[str, Any]:
-    """One entry of `message.tool_calls` (a fresh call id)."""
+def tool_call(name: str, arguments: str, call_id: str | None = None) -> dict[str, Any]:
+    """One entry of `message.tool_calls` (a fresh call id unless the model named one)."""
     return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "id": call_id or f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }
 
 
-class HermesToolParser:
-    """``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks; a fresh one per
-    sequence."""
+def _arguments_text(arguments: Any) -> str:
+    """Arguments as the JSON text OpenAI's `function.arguments` holds."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
-    START, END = "<tool_call>", "</tool_call>"
+
+class ToolCallParser(abc.ABC):
+    """Finds calls between ``CALL_START`` and ``CALL_END``, inside ``SECTION`` (start, end)
+    when the family wraps its calls in one; ``parse_call`` reads one call's body. A fresh
+    parser per sequence. A body that is not a call stays in the answer as text."""
+
+    CALL_START, CALL_END = "<tool_call>", "</tool_call>"
+    SECTION: tuple[str, str] | None = None
+    needs_special_tokens = False
 
     def __init__(self) -> None:
-        self._scan = TagScanner(self.START)  # looking for the next call
-        self._call: TagScanner | None = None  # inside a call, looking for its end
+        # "content": looking for the first call (or section); "section": between calls;
+        # "call": inside a call, looking for its end
+        self._state = "content"
+        self._scan = self._scanner()
         self._body = ""  # the open call's text so far
         self.calls: list[dict[str, Any]] = []
-        self._text_after_calls = ""  # anything but whitespace here is kept as content
+        # Once a call (or the section) has begun, text is held: ``_extra`` is the text outside
+        # calls (content, kept if anything but whitespace); ``_raw`` is everything as written,
+        # returned as plain content if no call comes of it.
+        self._extra = ""
+        self._raw = ""
+
+    @abc.abstractmethod
+    def parse_call(self, body: str) -> dict[str, Any] | None:
+        """One call's body (between the call tags) as an OpenAI tool call, or None."""
+
+    @property
+    def _holding(self) -> bool:
+        return bool(self.calls) or self._state != "content"
+
+    def _scanner(self) -> TagScanner:
+        if self._state == "call":
+            return TagScanner(self.CALL_END)
+        if self.SECTION is None:
+            return TagScanner(self.CALL_START)
+        if self._state == "section":
+            return TagScanner(self.CALL_START, self.SECTION[1])
+        return TagScanner(self.SECTION[0])
 
     def push(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         """Add content text; return (content to release, calls completed by it)."""
         content, done = "", []
         while text:
-            if self._call is None:
-                before, opened = self._scan.push(text)
-                if self.calls:  # text between or after calls
-                    self._text_after_calls += before
-                else:
-                    content += before
-                if not opened:
-                    return content, done
-                text, self._scan = self._scan.take_rest(), TagScanner(self.START)
-                self._call = TagScanner(self.END)
-            body, closed = self._call.push(text)
-            self._body += body
-            if not closed:
-                return content, done
-            body, self._body = self._body, ""
-            call = _parse_call(body)
-            text = self._call.take_rest()
-            self._call = None
-            if call is None:  # not a call after all: keep it as text
-                content += self.START + body + self.END
+            holding = self._holding
+            before, found = self._scan.push(text)
+            if self._state == "call":
+                self._body += before
+            elif holding:
+                self._extra += before
             else:
-                self.calls.append(call)
-                done.append(call)
+                content += before
+            if holding and not self.calls:
+                self._raw += before
+            if not found:
+                return content, done
+            tag = self._scan.found or ""
+            text = self._scan.take_rest()
+            if not self.calls:
+                self._raw += tag
+            if self._state == "call":  # the call closed
+                body, self._body = self._body, ""
+                call = self.parse_call(body)
+                if call is not None:
+                    self.calls.append(call)
+                    done.append(call)
+                else:  # not a call after all: it stays text
+                    self._extra += self.CALL_START + body + self.CALL_END
+                self._state = "section" if self.SECTION else "content"
+            elif tag == self.CALL_START:
+                self._raw = self._raw if holding else tag
+                self._state = "call"
+            elif self._state == "section":  # the section closed
+                self._state = "content"
+            else:  # the section opened
+                self._raw, self._state = tag, "section"
+            if not self._holding:  # back to plain text without a call: release it
+                content += self._raw
+                self._raw = self._extra = ""
+            self._scan = self._scanner()
         return content, done
 
     def flush(self) -> str:
         """At the end: text that was held back, or a call that never closed, as content."""
-        tail = self._scan.flush()
-        if self._call is not None:
-            tail += self.START + self._body + self._call.flush()
-            self._call, self._body = None, ""
+        held = self._scan.flush()
+        self._raw += held
+        if self._state == "call":
+            self._extra += self.CALL_START + self._body + held
+        elif self._holding:
+            self._extra += held
+        else:
+            self._raw = held
+        self._state, self._body = "content", ""
+        self._scan = self._scanner()
         if not self.calls:
-            return tail
-        extra = (self._text_after_calls + tail).strip()
-        return extra
+            out, self._raw, self._extra = self._raw, "", ""
+            return out
+        out, self._raw, self._extra = self._extra.strip(), "", ""
+        return out
 
     @classmethod
     def parse(cls, text: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -88,21 +150,99 @@ class HermesToolParser:
         return (content or None), calls
 
 
-def _parse_call(body: str) -> dict[str, Any] | None:
-    """One call's JSON as an OpenAI tool call, or None if it is not one."""
+def _json_call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any] | None:
+    if not isinstance(name, str) or not name:
+        return None
+    return tool_call(name, _arguments_text(arguments), call_id)
+
+
+class HermesToolParser(ToolCallParser):
+    """Hermes / Qwen2.5 / Qwen3: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``."""
+
+    def parse_call(self, body: str) -> dict[str, Any] | None:
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(obj, dict):
+            return None
+        return _json_call(obj.get("name"), obj.get("arguments", obj.get("parameters", {})))
+
+
+# DeepSeek's tags: fullwidth bars (U+FF5C) around words joined by U+2581.
+_DS_CALLS = ("<\uff5ctool\u2581calls\u2581begin\uff5c>", "<\uff5ctool\u2581calls\u2581end\uff5c>")
+_DS_CALL = ("<\uff5ctool\u2581call\u2581begin\uff5c>", "<\uff5ctool\u2581call\u2581end\uff5c>")
+_DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
+_FENCED_JSON = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
+
+
+def _valid_json(text: str) -> str | None:
+    """``text`` if it is JSON (arguments are passed on as written), else None."""
     try:
-        obj = json.loads(body)
+        json.loads(text)
     except json.JSONDecodeError:
         return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    arguments = obj.get("arguments", obj.get("parameters", {}))
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return tool_call(obj["name"], arguments)
+    return text
 
 
-TOOL_CALL_PARSERS: dict[str, type[HermesToolParser]] = {
+class DeepSeekV3ToolParser(ToolCallParser):
+    """DeepSeek-V3 / R1: ``function<｜tool▁sep｜>NAME`` and the arguments in a ```json fence."""
+
+    CALL_START, CALL_END = _DS_CALL
+    SECTION = _DS_CALLS
+    needs_special_tokens = True
+
+    def parse_call(self, body: str) -> dict[str, Any] | None:
+        kind, sep, rest = body.partition(_DS_SEP)
+        if not sep or kind.strip() != "function":
+            return None
+        name, _, fenced = rest.partition("\n")
+        match = _FENCED_JSON.match(fenced)
+        arguments = _valid_json(match.group(1).strip()) if match else None
+        if arguments is None:
+            return None
+        return _json_call(name.strip(), arguments)
+
+
+class DeepSeekV31ToolParser(ToolCallParser):
+    """DeepSeek-V3.1 / V3.2: ``NAME<｜tool▁sep｜>ARGUMENTS`` (JSON, no fence)."""
+
+    CALL_START, CALL_END = _DS_CALL
+    SECTION = _DS_CALLS
+    needs_special_tokens = True
+
+    def parse_call(self, body: str) -> dict[str, Any] | None:
+        name, sep, arguments = body.partition(_DS_SEP)
+        checked = _valid_json(arguments.strip()) if sep else None
+        return None if checked is None else _json_call(name.strip(), checked)
+
+
+_KIMI_ID = re.compile(r"^\s*(?:functions\.)?([^\s:]+?):(\d+)\s*$")
+
+
+class KimiK2ToolParser(ToolCallParser):
+    """Kimi K2: ``functions.NAME:INDEX<|tool_call_argument_begin|>ARGUMENTS``. The model's own
+    ``functions.NAME:INDEX`` is the call's id, which Kimi's chat template writes back with the
+    tool's result."""
+
+    CALL_START, CALL_END = "<|tool_call_begin|>", "<|tool_call_end|>"
+    SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
+    ARGUMENTS = "<|tool_call_argument_begin|>"
+    needs_special_tokens = True
+
+    def parse_call(self, body: str) -> dict[str, Any] | None:
+        call_id, sep, arguments = body.partition(self.ARGUMENTS)
+        match = _KIMI_ID.match(call_id)
+        checked = _valid_json(arguments.strip()) if sep and match else None
+        if match is None or checked is None:
+            return None
+        return _json_call(match.group(1), checked, call_id.strip())
+
+
+TOOL_CALL_PARSERS: dict[str, type[ToolCallParser]] = {
     "qwen25": HermesToolParser,
     "hermes": HermesToolParser,
+    "deepseekv3": DeepSeekV3ToolParser,
+    "deepseekv31": DeepSeekV31ToolParser,
+    "kimi_k2": KimiK2ToolParser,
 }

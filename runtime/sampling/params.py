@@ -20,7 +20,9 @@ class SamplingParams:
     logprob and the top ``n`` alternatives, from the model's raw distribution. ``logit_bias``
     (OpenAI) adds a value in [-100, 100] to chosen tokens' logits before any sampling step.
     ``grammar`` constrains the output (structured outputs); the request stops when the grammar
-    is complete.
+    is complete. With a thinking model (a server with a reasoning parser) the grammar holds
+    the answer after the thinking block; ``thinking=False`` says the request turned thinking
+    off (its chat-template arguments), so the grammar holds the output from its first token.
     """
 
     temperature: float = 1.0
@@ -40,6 +42,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] = field(default_factory=dict)
     grammar: GrammarSpec | None = None
+    thinking: bool = True
 
     def __post_init__(self) -> None:
         self.grammar = GrammarSpec.coerce(self.grammar)

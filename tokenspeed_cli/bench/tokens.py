@@ -19,7 +19,7 @@ from tokenspeed_cli.bench.errors import BenchError
 def load_tokenizer(path: str | Path | None) -> Tokenizer:
     """The tokenizer prompts are built and counted with.
 
-    ``path`` is a directory holding ``tokenizer.json`` or the file itself; ``None`` means the
+    ``path`` is a model or tokenizer directory or a ``tokenizer.json``; ``None`` means the
     embedded tiny model's tokenizer (made on first use, no download).
     """
     if path is None:
@@ -27,13 +27,21 @@ def load_tokenizer(path: str | Path | None) -> Tokenizer:
 
         path = resolve_model_path(None)
     p = Path(path).expanduser()
-    file = p / "tokenizer.json" if p.is_dir() else p
-    if not file.is_file():
-        raise BenchError(f"no tokenizer.json at {p} (--tokenizer takes a directory or the file)")
+    if p.is_dir():  # tokenizer.json, or a tiktoken BPE (Kimi) converted to one
+        from tokenspeed.runtime.tokenizer import TokenizerNotFound, load_backend
+
+        try:
+            return load_backend(p)
+        except TokenizerNotFound:
+            raise BenchError(f"no tokenizer.json (nor tiktoken.model) in {p}") from None
+        except Exception as e:  # the tokenizers library raises plain Exceptions on bad files
+            raise BenchError(f"cannot load tokenizer in {p}: {e}") from None
+    if not p.is_file():
+        raise BenchError(f"no tokenizer at {p} (--tokenizer takes a directory or the file)")
     try:
-        return Tokenizer.from_file(str(file))
+        return Tokenizer.from_file(str(p))
     except Exception as e:  # the tokenizers library raises plain Exceptions on bad files
-        raise BenchError(f"cannot load tokenizer {file}: {e}") from None
+        raise BenchError(f"cannot load tokenizer {p}: {e}") from None
 
 
 def count_tokens(tokenizer: Tokenizer, text: str) -> int:

@@ -107,11 +107,21 @@ def test_options_this_build_cannot_honour_are_named():
     unsupported = args.unsupported_options()
     assert any(line.startswith("kv_cache_dtype=") for line in unsupported)
     assert any(line.startswith("speculative_algorithm=") for line in unsupported)
-    parsers = build_server_args({"reasoning_parser": "kimi", "tool_call_parser": "kimi_k2"})
+    parsers = build_server_args({"reasoning_parser": "gpt-oss", "tool_call_parser": "mistral"})
     named = parsers.unsupported_options()
-    assert any("reasoning_parser='kimi'" in line and "qwen3" in line for line in named)
-    assert any("tool_call_parser='kimi_k2'" in line and "qwen25" in line for line in named)
-    assert build_server_args({"reasoning_parser": "deepseek-r1"}).unsupported_options() == []
+    assert any("reasoning_parser='gpt-oss'" in line and "qwen3" in line for line in named)
+    assert any("tool_call_parser='mistral'" in line and "kimi_k2" in line for line in named)
+    kimi = build_server_args({"reasoning_parser": "kimi_k2", "tool_call_parser": "kimi_k2"})
+    assert kimi.unsupported_options() == []
+
+
+def test_the_built_parser_names_are_the_parsers():
+    """config names the parsers without importing them; the names must stay the same."""
+    from tokenspeed.runtime.config import _BUILT_REASONING_PARSERS, _BUILT_TOOL_CALL_PARSERS
+    from tokenspeed.runtime.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
+
+    assert sorted(_BUILT_REASONING_PARSERS) == sorted(REASONING_PARSERS)
+    assert sorted(_BUILT_TOOL_CALL_PARSERS) == sorted(TOOL_CALL_PARSERS)
 
 
 def test_sizes_and_json_parse():

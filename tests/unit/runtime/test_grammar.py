@@ -408,3 +408,21 @@ def test_generation_thinks_freely_then_answers_in_the_grammar():
     for text, reason in texts(llm.generate(PROMPTS, sp)):
         # ")" ends the (empty) thinking block at once; after it, the bias cannot beat the mask
         assert re.fullmatch(r"\)[0-9]{3}", text) and reason == "stop", text
+
+
+def test_a_request_that_turned_thinking_off_is_held_from_its_first_token():
+    """Hybrid models (Qwen3 ``enable_thinking``, Kimi K2 / DeepSeek-V3.1 ``thinking``): with
+    thinking off the output is the answer, so no free thinking block comes first."""
+    backend = thinking_backend(starts_thinking=True)
+    spec = GrammarSpec.regex("[0-9]{2}")
+    g = backend.matcher(spec, [2], thinking=False)
+    assert g.phase == "active" and allowed([g], 0) == allowed(
+        [backend.matcher(spec, [2], False)], 0
+    )
+    assert CLOSE not in allowed([g], 0) and _ids("7")[0] in allowed([g], 0)
+    llm = LLM(None, device="cpu", max_total_tokens=4096, max_num_seqs=8)
+    llm.engine.grammar_backend = backend
+    sp = SamplingParams(temperature=0.0, max_tokens=20, logit_bias={CLOSE: 100.0},
+                        grammar=GrammarSpec.regex("[0-9]{3}"), thinking=False)  # fmt: skip
+    for text, reason in texts(llm.generate(PROMPTS, sp)):
+        assert re.fullmatch(r"[0-9]{3}", text) and reason == "stop", text

@@ -9,9 +9,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenspeed.runtime.parsers.chat import ChatOutputParser
-from tokenspeed.runtime.parsers.reasoning import DeepSeekR1ReasoningParser, Qwen3ReasoningParser
+from tokenspeed.runtime.parsers.reasoning import (
+    DeepSeekR1ReasoningParser,
+    DeepSeekV3ReasoningParser,
+    KimiK2ReasoningParser,
+    KimiReasoningParser,
+    Qwen3ReasoningParser,
+)
 from tokenspeed.runtime.parsers.streaming import TagScanner, held_tail
-from tokenspeed.runtime.parsers.tool_calls import HermesToolParser
+from tokenspeed.runtime.parsers.tool_calls import (
+    DeepSeekV3ToolParser,
+    DeepSeekV31ToolParser,
+    HermesToolParser,
+    KimiK2ToolParser,
+)
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 OUTPUTS = [
@@ -26,6 +37,53 @@ OUTPUTS = [
     '<tool_call>{"name": "cut',
     "",
     "<th",
+]
+
+# DeepSeek's and Kimi's tags (special tokens of their vocabularies)
+DS_BEGIN, DS_END = (
+    "<\uff5ctool\u2581calls\u2581begin\uff5c>",
+    "<\uff5ctool\u2581calls\u2581end\uff5c>",
+)
+DS_CALL, DS_CALL_END = (
+    "<\uff5ctool\u2581call\u2581begin\uff5c>",
+    "<\uff5ctool\u2581call\u2581end\uff5c>",
+)
+DS_SEP = "<\uff5ctool\u2581sep\uff5c>"
+
+
+def ds_v3_call(name: str, args: str) -> str:
+    return f"{DS_CALL}function{DS_SEP}{name}\n```json\n{args}\n```{DS_CALL_END}"
+
+
+def ds_v31_call(name: str, args: str) -> str:
+    return f"{DS_CALL}{name}{DS_SEP}{args}{DS_CALL_END}"
+
+
+def kimi_call(name: str, args: str, index: int = 0) -> str:
+    return f"<|tool_call_begin|>functions.{name}:{index}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
+
+
+KIMI_BEGIN, KIMI_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+ARGS = '{"city": "Paris"}'
+DS_V3_OUTPUTS = [
+    f"Let me look.{DS_BEGIN}{ds_v3_call('get_weather', ARGS)}\n{ds_v3_call('get_time', '{}')}{DS_END}",
+    f"{DS_BEGIN}{ds_v3_call('get_weather', 'not json')}{DS_END}",
+    f"thought</think>{DS_BEGIN}{ds_v3_call('get_weather', ARGS)}{DS_END}",
+    f"plain{DS_BEGIN}{DS_CALL}function{DS_SEP}cut",
+    "no calls at all",
+]
+DS_V31_OUTPUTS = [
+    f"ok{DS_BEGIN}{ds_v31_call('get_weather', ARGS)}{ds_v31_call('get_time', '{}')}{DS_END}",
+    f"{DS_BEGIN}{ds_v31_call('get_weather', '{bad')}{DS_END} trailing",
+    "plain answer",
+]
+KIMI_OUTPUTS = [
+    f"<think>which tool?</think>Checking.{KIMI_BEGIN}{kimi_call('get_weather', ARGS)}"
+    f"{kimi_call('get_time', '{}', 1)}{KIMI_END}",
+    f"thinking straight into a call{KIMI_BEGIN}{kimi_call('get_weather', ARGS)}{KIMI_END}",
+    f"done thinking</think>{KIMI_BEGIN}<|tool_call_begin|>get_weather<|tool_call_end|>{KIMI_END}",
+    f"t</think>answer{KIMI_BEGIN}{kimi_call('get_weather', ARGS)}",  # section never closed
+    "t</think>just an answer",
 ]
 
 
@@ -63,6 +121,56 @@ def test_hermes_tool_calls():
     assert HermesToolParser.parse('<tool_call>{"name": "x"')[1] == []  # cut short: text
 
 
+def test_reasoning_switches_and_implicit_ends():
+    assert KimiK2ReasoningParser.split(f"hm{KIMI_BEGIN}x") == ("hm", f"{KIMI_BEGIN}x")
+    assert KimiK2ReasoningParser.split("<think>hm</think>Yes") == ("hm", "Yes")
+    assert KimiReasoningParser.split("\u25c1think\u25b7hm\u25c1/think\u25b7Yes") == ("hm", "Yes")
+    assert KimiReasoningParser.split("<think>not its tag") == (None, "<think>not its tag")
+    # who thinks: a request's chat-template arguments switch hybrid models
+    assert Qwen3ReasoningParser.thinks(None) and not Qwen3ReasoningParser.thinks(
+        {"enable_thinking": False}
+    )
+    assert not DeepSeekV3ReasoningParser.thinks({}) and DeepSeekV3ReasoningParser.thinks(
+        {"thinking": True}
+    )
+    assert KimiK2ReasoningParser.thinks({"enable_thinking": False})  # not its switch
+    assert not KimiK2ReasoningParser.thinks({"thinking": False})
+    assert DeepSeekR1ReasoningParser.thinks({"thinking": False})  # always thinks
+
+
+def args_of(calls: list[dict]) -> list[tuple[str, dict]]:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+def test_deepseek_tool_calls():
+    content, calls = DeepSeekV3ToolParser.parse(DS_V3_OUTPUTS[0])
+    assert content == "Let me look."
+    assert args_of(calls) == [("get_weather", {"city": "Paris"}), ("get_time", {})]
+    bad = DS_V3_OUTPUTS[1]
+    assert DeepSeekV3ToolParser.parse(bad) == (bad, [])  # no call came of it: all text
+    content, calls = DeepSeekV31ToolParser.parse(DS_V31_OUTPUTS[0])
+    assert content == "ok" and args_of(calls) == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {}),
+    ]
+    assert DeepSeekV31ToolParser.parse(DS_V31_OUTPUTS[1]) == (DS_V31_OUTPUTS[1], [])
+    # a V3.1 call is not a V3 call (no "function" kind, no fence)
+    assert DeepSeekV3ToolParser.parse(DS_V31_OUTPUTS[0])[1] == []
+
+
+def test_kimi_k2_tool_calls():
+    content, calls = KimiK2ToolParser.parse(f"Checking.{KIMI_BEGIN}{kimi_call('get_weather', ARGS)}"
+                                            f"\n{kimi_call('get_time', '{}', 1)}{KIMI_END}")  # fmt: skip
+    assert content == "Checking."
+    assert args_of(calls) == [("get_weather", {"city": "Paris"}), ("get_time", {})]
+    assert [c["id"] for c in calls] == ["functions.get_weather:0", "functions.get_time:1"]
+    # text after the section is content again; a section without calls is text
+    content, calls = KimiK2ToolParser.parse(f"{KIMI_BEGIN}{kimi_call('f', '{}')}{KIMI_END} After.")
+    assert content == "After." and args_of(calls) == [("f", {})]
+    empty = f"x{KIMI_BEGIN}<|tool_call_begin|>f<|tool_call_end|>{KIMI_END}y"
+    assert KimiK2ToolParser.parse(empty) == (empty, [])
+
+
 def whole(text: str, reasoning, tools) -> tuple[dict, str]:
     parser = ChatOutputParser(reasoning() if reasoning else None, tools() if tools else None)
     return parser.message(text, "stop")
@@ -95,20 +203,27 @@ def same(a: dict, b: dict) -> None:
 
 
 PARSER_SETS = [
-    (Qwen3ReasoningParser, None),
-    (DeepSeekR1ReasoningParser, None),
-    (None, HermesToolParser),
-    (Qwen3ReasoningParser, HermesToolParser),
+    (OUTPUTS, (Qwen3ReasoningParser, None)),
+    (OUTPUTS, (DeepSeekR1ReasoningParser, None)),
+    (OUTPUTS, (None, HermesToolParser)),
+    (OUTPUTS, (Qwen3ReasoningParser, HermesToolParser)),
+    (DS_V3_OUTPUTS, (DeepSeekR1ReasoningParser, DeepSeekV3ToolParser)),
+    (DS_V3_OUTPUTS, (None, DeepSeekV3ToolParser)),
+    (DS_V31_OUTPUTS, (None, DeepSeekV31ToolParser)),
+    (KIMI_OUTPUTS, (KimiK2ReasoningParser, KimiK2ToolParser)),
+    (KIMI_OUTPUTS, (None, KimiK2ToolParser)),
 ]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
-    text=st.sampled_from(OUTPUTS),
-    cuts=st.lists(st.integers(0, 120), max_size=8),
-    parsers=st.sampled_from(PARSER_SETS),
+    case=st.sampled_from(PARSER_SETS).flatmap(
+        lambda c: st.tuples(st.sampled_from(c[0]), st.just(c[1]))
+    ),
+    cuts=st.lists(st.integers(0, 200), max_size=10),
 )
-def test_streaming_in_any_pieces_equals_the_whole(text, cuts, parsers):
+def test_streaming_in_any_pieces_equals_the_whole(case, cuts):
+    text, parsers = case
     bounds = sorted({c for c in cuts if c <= len(text)} | {0, len(text)})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     message, reason = whole(text, *parsers)
