@@ -57,18 +57,18 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-class _Request(BaseModel):
+class RequestModel(BaseModel):
     """Unknown fields are ignored, as OpenAI-compatible servers do (clients add their own)."""
 
     model_config = ConfigDict(extra="ignore")
 
 
-class StreamOptions(_Request):
+class StreamOptions(RequestModel):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class JsonSchemaFormat(_Request):
+class JsonSchemaFormat(RequestModel):
     """`response_format.json_schema`: OpenAI's structured outputs (`strict` is always on)."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
@@ -79,7 +79,7 @@ class JsonSchemaFormat(_Request):
     strict: bool | None = None
 
 
-class ResponseFormat(_Request):
+class ResponseFormat(RequestModel):
     """`response_format`: plain text, any JSON object, or JSON matching a schema."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -130,7 +130,7 @@ class StructuredOutputs(BaseModel):
         return GrammarSpec.json_object(any_whitespace=ws)
 
 
-class SamplingFields(_Request):
+class SamplingFields(RequestModel):
     """The sampling and stopping fields shared by chat and text completions."""
 
     model: str | None = None
@@ -228,23 +228,23 @@ class RequestFieldError(ValueError):
 # ---- chat -------------------------------------------------------------------------------
 
 
-class ContentPart(_Request):
+class ContentPart(RequestModel):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(_Request):
+class FunctionCall(RequestModel):
     name: str
     arguments: str
 
 
-class ToolCall(_Request):
+class ToolCall(RequestModel):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Request):
+class ChatMessage(RequestModel):
     """One message; list content may hold only text parts (this server has no vision input)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -384,7 +384,7 @@ def _flat_ids(v: Any) -> list[int]:
 # ---- tokenizer endpoints (vLLM's /tokenize and /detokenize) -------------------------------
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(RequestModel):
     """POST /tokenize: a text prompt, or chat messages rendered by the chat template."""
 
     model: str | None = None
@@ -404,7 +404,7 @@ class TokenizeRequest(_Request):
         return self
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(RequestModel):
     """POST /detokenize."""
 
     model: str | None = None
