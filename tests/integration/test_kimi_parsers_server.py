@@ -104,3 +104,28 @@ def test_special_tokens_are_kept_for_the_tool_parser_only(client: openai.OpenAI)
     stopped = [c for c in r.choices if c.finish_reason == "stop"]
     assert stopped, "no sample reached the stop token"
     assert all("<|im_end|>" not in (c.message.content or "") for c in stopped)
+
+
+def test_responses_api_items_from_the_parsers(client: openai.OpenAI) -> None:
+    """/v1/responses over the same parsers: reasoning and function_call items."""
+    kw = {"model": MODEL, "input": "Weather?", "max_output_tokens": 300, "tools": [
+        {"type": "function", "name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}
+    ], "extra_body": {"seed": 3, "structured_outputs": {"choice": [TWO_CALLS]}}}  # fmt: skip
+    r = client.responses.create(**kw)
+    assert [i.type for i in r.output] == ["reasoning", "message", "function_call", "function_call"]
+    assert r.output[0].content[0].text == "which tool" and r.output_text == "On it."
+    assert [i.call_id for i in r.output[2:]] == [
+        "functions.get_weather:0",
+        "functions.get_weather:1",
+    ]
+    assert all(json.loads(i.arguments) == {"city": "Paris"} for i in r.output[2:])
+    assert r.usage.output_tokens_details.reasoning_tokens > 0
+    events = list(client.responses.create(stream=True, **kw))
+    final = events[-1].response
+    assert events[-1].type == "response.completed"
+    assert [i.type for i in final.output] == [i.type for i in r.output]
+    assert [i.call_id for i in final.output[2:]] == [i.call_id for i in r.output[2:]]
+    reasoning = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert reasoning == "which tool"
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == [i.type for i in r.output]
