@@ -301,11 +301,19 @@ class ServerArgs:
 
     # --- speculative decoding ----------------------------------------------------------
     speculative_algorithm: str | None = option(
-        None, "speculative", "Speculative decoding drafter.", choices=("EAGLE3", "MTP")
+        None,
+        "speculative",
+        "Speculative decoding drafter: NGRAM (prompt lookup: the tokens that followed the "
+        "latest earlier occurrence of the last few tokens; outputs equal plain decoding), "
+        "EAGLE3, MTP.",
+        choices=("NGRAM", "EAGLE3", "MTP"),
     )
     speculative_num_steps: int = option(3, "speculative", "Draft steps per verify.", minimum=1)
     speculative_num_draft_tokens: int = option(
-        4, "speculative", "Draft tokens verified per step.", minimum=1
+        4,
+        "speculative",
+        "Tokens a decode step verifies: the last token and up to this many minus one drafts.",
+        minimum=1,
     )
 
     # --- disaggregation ----------------------------------------------------------------
@@ -331,6 +339,11 @@ class ServerArgs:
             size = getattr(self, name)
             if size is not None and world % size:
                 raise ConfigError(f"{name}={size} does not divide the world size {world}", key=name)
+        if self.speculative_algorithm == "NGRAM" and self.speculative_num_draft_tokens < 2:
+            raise ConfigError(
+                "NGRAM verifies the last token and at least one draft: needs 2 or more",
+                key="speculative_num_draft_tokens",
+            )
         if self.enable_expert_parallel and world == 1:
             raise ConfigError(
                 "expert parallelism needs more than one rank", key="enable_expert_parallel"
@@ -389,8 +402,8 @@ _NOT_IN_THIS_BUILD: dict[str, tuple[Callable[[ServerArgs], bool], str]] = {
         f"the tool-call parsers built are {', '.join(_BUILT_TOOL_CALL_PARSERS)}",
     ),
     "speculative_algorithm": (
-        lambda a: a.speculative_algorithm is not None,
-        "speculative decoding is not built yet",
+        lambda a: a.speculative_algorithm not in (None, "NGRAM"),
+        "the speculative decoding built is NGRAM (EAGLE3 and MTP drafters are not)",
     ),
     "disaggregation_mode": (
         lambda a: a.disaggregation_mode != "null",

@@ -98,8 +98,11 @@ class ForwardBatch:
     seq_lens_np: np.ndarray
     extend_lens_np: np.ndarray
     prefix_lens_np: np.ndarray
-    sample_rows_np: np.ndarray  # [S] int64, which requests (batch rows) are sampled
+    sample_rows_np: np.ndarray  # [R] int64, which requests (batch rows) are sampled
     pool_indices_np: np.ndarray  # [B] int64
+    # speculative verify: positions sampled per sampled request ([R]; None: one each), the
+    # last ones of its extend, so sample_indices has their sum of entries
+    sample_counts_np: np.ndarray | None = None
     attn_metadata: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -153,8 +156,19 @@ def make_forward_batch(
     slots = build_slot_mapping(tables, extend, positions, page_size)
     cu = np.zeros(len(extend) + 1, dtype=np.int32)
     np.cumsum(extend, out=cu[1:])
-    sample_rows = np.flatnonzero(sample_mask_of(op)).astype(np.int64)
-    sample_idx = cu[1:][sample_rows].astype(np.int64) - 1
+    counts = getattr(op, "sample_counts", None)
+    if counts is None:
+        sample_rows = np.flatnonzero(sample_mask_of(op)).astype(np.int64)
+        sample_idx = cu[1:][sample_rows].astype(np.int64) - 1
+    else:  # the last counts[i] positions of request i (a drafted block and its bonus)
+        counts = np.asarray(counts, dtype=np.int64)
+        sample_rows = np.flatnonzero(counts > 0).astype(np.int64)
+        counts = counts[sample_rows]
+        ends = np.repeat(cu[1:][sample_rows].astype(np.int64), counts)
+        within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+            np.cumsum(counts) - counts, counts
+        )
+        sample_idx = ends - np.repeat(counts, counts) + within
 
     staging = _staging(device) if device.type == "cuda" and pin else None
     if staging is not None:
@@ -178,6 +192,7 @@ def make_forward_batch(
         prefix_lens_np=prefix,
         sample_rows_np=sample_rows,
         pool_indices_np=np.asarray(op.request_pool_indices, dtype=np.int64),
+        sample_counts_np=counts,
     )
     if staging is not None:
         staging.end()

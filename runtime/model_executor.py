@@ -28,6 +28,7 @@ from tokenspeed.runtime.kv_pool import (
 )
 from tokenspeed.runtime.layers.attention import create_attention_backend
 from tokenspeed.runtime.model_loader import HFConfig, load_model
+from tokenspeed.runtime.ngram_drafter import NgramDrafter
 from tokenspeed.runtime.sampling import SamplingParams, SamplingState, sample
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class ExecutorConfig:
     kv_cache_dtype: str = "auto"
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 4  # tokens a decode step may verify (drafts + 1)
 
     @classmethod
     def from_server_args(cls, args: Any, model_path: str | Path) -> ExecutorConfig:
@@ -92,6 +95,9 @@ class StepOutput:
     top_logprobs: np.ndarray | None = None  # [S, K]
     logits: torch.Tensor | None = None  # [S, V] float32, only when asked (tests)
     grammar_done: np.ndarray | None = None  # [S] bool: the row's grammar is complete
+    # speculative decoding: tokens per sampled request (``tokens`` then holds them all, in
+    # order, and logprobs follow them); None means one each
+    counts: np.ndarray | None = None
 
 
 class ModelExecutor:
@@ -128,6 +134,14 @@ class ModelExecutor:
         self.host_pool = HostKVPool(self.layout, host_pages, pin=pin) if host_pages else None
         self.attn_backend = create_attention_backend(config.attention_backend, self.kv_pool)
         self.sampling = SamplingState(config.max_num_seqs, cfg.vocab_size, self.device)
+        # speculative decoding: n-gram drafts checked by the model itself (NGRAM)
+        self.drafter: NgramDrafter | None = None
+        self.spec_tokens = 1
+        if config.speculative_algorithm == "NGRAM":
+            self.drafter = NgramDrafter(config.max_num_seqs)
+            self.spec_tokens = int(config.speculative_num_draft_tokens)
+        self.spec_drafted = 0  # drafts proposed and accepted so far (stats, tests)
+        self.spec_accepted = 0
         if self.device.type == "cuda" and not config.disable_cuda_graph:
             self._init_cuda_graphs()
 
@@ -228,6 +242,8 @@ class ModelExecutor:
         self.sampling.install(
             slot, params, seed, list(prompt_ids), list(output_ids), list(stop_ids), grammar
         )
+        if self.drafter is not None:
+            self.drafter.install(slot, [*prompt_ids, *output_ids])
 
     def release_grammar(self, slot: int) -> None:
         """Drop a finished request's matcher from its slot (its compiled grammar can go)."""
@@ -254,10 +270,16 @@ class ModelExecutor:
         """Run one forward op; sample every request the op marks as sampled."""
         if ForwardMode.of(op.mode) is ForwardMode.IDLE or op.batch_size == 0:
             return StepOutput(np.zeros(0, np.int64), np.zeros(0, np.int64))
+        drafts: list[np.ndarray] | None = None
+        if self.drafter is not None:
+            op, drafts = self._with_drafts(op)
         batch, logits = self._run_model(op, self.attn_backend, want_logits=True, allow_graph=True)
         rows = batch.sample_rows_np
         if logits is None:
             return StepOutput(rows, np.zeros(0, np.int64))
+        if batch.sample_counts_np is not None:
+            assert drafts is not None
+            return self._verify(batch, logits, drafts)
         slots = batch.pool_indices_np[rows]
         with torch.inference_mode():
             sb = self.sampling.gather(slots)
@@ -266,6 +288,9 @@ class ModelExecutor:
         # The one host sync per step: stop checks and the scheduler need the tokens.
         result = StepOutput(rows, out.tokens.cpu().numpy())
         result.grammar_done = self.sampling.advance_grammars(sb, result.tokens)
+        if self.drafter is not None:
+            for slot, token in zip(slots.tolist(), result.tokens, strict=True):
+                self.drafter.append(slot, np.asarray([token]))
         if out.logprobs is not None:
             result.logprobs = out.logprobs.cpu().numpy()
         if out.top_ids is not None and out.top_logprobs is not None:
@@ -273,6 +298,100 @@ class ModelExecutor:
             result.top_logprobs = out.top_logprobs.cpu().numpy()
         if return_logits:
             result.logits = logits
+        return result
+
+    # ---- speculative decoding (NGRAM) ----------------------------------------------------
+    def _with_drafts(self, op: Any) -> tuple[Any, list[np.ndarray]]:
+        """The op to run for the scheduler's ``op``: each decode request's last token and its
+        drafts (the scheduler reserved ``spec_tokens`` positions per decode; fewer are used
+        when fewer tokens are drafted). With drafts it runs as an extend whose decode rows
+        sample every position; without, as the plain one-token decode (CUDA graphs apply)."""
+        mode = ForwardMode.of(op.mode)
+        num_decode = op.batch_size if mode is ForwardMode.DECODE else int(op.num_decode)
+        if mode is ForwardMode.EXTEND or num_decode == 0:
+            return op, []
+        assert self.drafter is not None
+        pool = np.asarray(op.request_pool_indices, dtype=np.int64)
+        can = self.sampling.speculable(pool[:num_decode])
+        empty = np.zeros(0, dtype=np.int64)
+        drafts = [
+            self.drafter.propose(int(slot), self.spec_tokens - 1) if ok else empty
+            for slot, ok in zip(pool[:num_decode].tolist(), can.tolist(), strict=True)
+        ]
+        lens = np.array([len(d) for d in drafts], dtype=np.int64)
+        prefix = np.asarray(op.prefix_lens, dtype=np.int64)
+        extend = np.asarray(op.extend_lens, dtype=np.int64).copy()
+        extend[:num_decode] = 1 + lens
+        ids = np.asarray(op.input_ids, dtype=np.int64)
+        mask = np.asarray(op.sample_mask, dtype=bool)
+        counts = None
+        if lens.any():
+            parts = [np.concatenate([ids[i : i + 1], drafts[i]]) for i in range(num_decode)]
+            ids = np.concatenate([*parts, ids[num_decode:]])
+            counts = np.where(mask, 1, 0).astype(np.int64)
+            counts[:num_decode] = 1 + lens
+            mode = ForwardMode.EXTEND
+            self.spec_drafted += int(lens.sum())
+        view = _SyntheticOp(
+            mode=mode,
+            request_ids=[],
+            request_pool_indices=pool,
+            prefix_lens=prefix,
+            extend_lens=extend,
+            seq_lens=prefix + extend,
+            input_ids=ids,
+            block_tables=np.asarray(op.block_tables),
+            sample_mask=mask,
+            sample_counts=counts,
+            num_decode=num_decode if mode is not ForwardMode.EXTEND else 0,
+        )
+        return view, drafts
+
+    def _verify(
+        self, batch: ForwardBatch, logits: torch.Tensor, drafts: list[np.ndarray]
+    ) -> StepOutput:
+        """Sample every position of each drafted block and keep the drafts up to the first
+        one the model would not have sampled itself, then its own token there. Each position
+        samples exactly what plain decoding would (same logits, seed and output position), so
+        outputs equal the non-speculative ones token for token, greedy or seeded."""
+        rows, counts = batch.sample_rows_np, batch.sample_counts_np
+        assert counts is not None
+        slots = batch.pool_indices_np[rows]
+        row_slots = np.repeat(slots, counts)
+        starts = np.cumsum(counts) - counts
+        offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
+        with torch.inference_mode():
+            sb = self.sampling.gather(row_slots, offsets)
+            out = sample(logits, sb, self.sampling)
+            self.sampling.record(row_slots, sb, out.tokens)
+        sampled = out.tokens.cpu().numpy()
+        keep = np.zeros(len(sampled), dtype=bool)
+        accepted = np.ones(len(rows), dtype=np.int64)
+        for i, (row, start, count) in enumerate(zip(rows.tolist(), starts.tolist(),
+                                                    counts.tolist(), strict=True)):  # fmt: skip
+            n = 1
+            if count > 1:  # a decode row with drafts: they are the inputs after its last token
+                d = drafts[row]
+                miss = np.flatnonzero(sampled[start : start + count - 1] != d)
+                n = (int(miss[0]) if len(miss) else count - 1) + 1
+                accepted[i] = n
+            keep[start : start + n] = True
+        self.sampling.out_pos[slots] += accepted - 1  # record() advanced each slot by one
+        self.spec_accepted += int((accepted - 1).sum())
+        tokens = sampled[keep]
+        result = StepOutput(rows, tokens, counts=accepted)
+        done = self.sampling.advance_grammars(sb, sampled)  # grammar rows are single rows
+        if done is not None:
+            result.grammar_done = done[starts]
+        assert self.drafter is not None
+        ends = np.cumsum(accepted)
+        for slot, end, n in zip(slots.tolist(), ends.tolist(), accepted.tolist(), strict=True):
+            self.drafter.append(slot, tokens[end - n : end])
+        if out.logprobs is not None:
+            result.logprobs = out.logprobs.cpu().numpy()[keep]
+        if out.top_ids is not None and out.top_logprobs is not None:
+            result.top_ids = out.top_ids.cpu().numpy()[keep]
+            result.top_logprobs = out.top_logprobs.cpu().numpy()[keep]
         return result
 
     def write_back(self, device_pages: Any, host_pages: Any) -> None:
@@ -303,6 +422,12 @@ class _SyntheticOp:
     input_ids: np.ndarray
     block_tables: np.ndarray
     sample_mask: np.ndarray
+    sample_counts: np.ndarray | None = None  # see ForwardBatch.sample_counts_np
+    num_decode: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.extend_lens)
 
     @classmethod
     def prefill(cls, tokens: int, pages: int, page_size: int) -> _SyntheticOp:

@@ -103,6 +103,8 @@ class EventLoop:
             enable_prefix_cache=bool(args.enable_prefix_caching),
             enable_mixed_batch=bool(args.enable_mixed_batch),
             enable_kv_events=bool(getattr(args, "kv_events_config", None)),
+            # speculative decoding: each decode step may verify this many tokens
+            decode_input_tokens=executor.spec_tokens,
         )
         eos = executor.hf_config.eos_token_ids()
         tokenizer_dir = Path(args.tokenizer) if args.tokenizer else Path(model_path)
@@ -352,6 +354,8 @@ class EventLoop:
         sampled request only to append its token and build its ``RequestUpdate``, and does
         more only for the few that got their first token, asked for logprobs or finished.
         """
+        if result.counts is not None:
+            return self._process_verified(fwd, result, updates)
         sched = self._proto()
         rows = np.asarray(result.rows, dtype=np.int64)
         if len(rows) == 0:
@@ -411,6 +415,66 @@ class EventLoop:
                 update.stats = req.stats
         return events
 
+    def _process_verified(
+        self, fwd: Any, result: StepOutput, updates: list[RequestUpdate]
+    ) -> list[Any]:
+        """``_process`` for a step that verified drafts (speculative decoding): several
+        tokens per request. Each request's tokens are checked in order, as one-token steps
+        would check them: its output ends at the first stop token (once ``min_tokens`` is met)
+        or at its token limit, and the tokens after are dropped (their KV lies past the
+        request's length, unused). One Python pass per sampled request."""
+        sched = self._proto()
+        rows = np.asarray(result.rows, dtype=np.int64)
+        counts = np.asarray(result.counts, dtype=np.int64)
+        slots = np.asarray(fwd.request_pool_indices, dtype=np.int64)[rows]
+        if not self._slot_live[slots].all():
+            raise RuntimeError("a sampled request's pool slot is not bound to a request")
+        tokens = np.asarray(result.tokens, dtype=np.int64).tolist()
+        starts = (np.cumsum(counts) - counts).tolist()
+        kept: list[int] = []
+        kept_counts: list[int] = []
+        finishes: list[Any] = []
+        now = time.perf_counter()
+        for j, slot in enumerate(slots.tolist()):
+            req: Request = self._slot_req[slot]
+            first = int(self._out_len[slot]) == 0
+            out_len, reason = int(self._out_len[slot]), None
+            toks = tokens[starts[j] : starts[j] + int(counts[j])]
+            for n, tok in enumerate(toks, 1):
+                out_len += 1
+                if tok in req.stop_ids and out_len >= self._min_tokens[slot]:
+                    reason = "stop"
+                elif result.grammar_done is not None and result.grammar_done[j]:
+                    reason = "stop"
+                elif out_len >= self._max_new[slot]:
+                    reason = "length"
+                if reason is not None:
+                    toks = toks[:n]
+                    break
+            self._out_len[slot] = out_len
+            self._slot_out[slot].extend(toks)
+            kept += toks
+            kept_counts.append(len(toks))
+            update = RequestUpdate(req.request_id, toks)
+            updates.append(update)
+            if first:
+                req.first_token = now
+                update.cached_tokens = self._cached_tokens(req.request_id)
+            if req.params.logprobs is not None and result.logprobs is not None:
+                update.new_logprobs = [
+                    entry
+                    for k, tok in enumerate(toks)
+                    for entry in self._logprobs(req, result, starts[j] + k, tok) or []
+                ]
+            if reason is not None:
+                update.finished, update.finish_reason = True, reason
+                stats = self._scheduler_request_stats(req.request_id)
+                finishes.append(sched.Finish(req.request_id, reason))
+                self._finalise(req, reason, stats)
+                update.stats = req.stats
+        flat = np.asarray(kept, dtype=np.int32)
+        return [sched.ForwardResult(fwd.forward_id, flat, kept_counts), *finishes]
+
     def _logprobs(
         self, req: Request, result: StepOutput, j: int, tok: int
     ) -> list[dict[int, float]] | None:
@@ -463,4 +527,6 @@ class EventLoop:
         }
         out["num_steps"] = self.num_steps
         out["num_unfinished"] = len(self.requests)
+        out["spec_draft_tokens"] = self.executor.spec_drafted
+        out["spec_accepted_tokens"] = self.executor.spec_accepted
         return out

@@ -183,6 +183,8 @@ class EngineCore:
             ),
             "num_preemptions": int(_first(raw, "num_preemptions", "preemptions", "num_retracted")),
             "unfinished_requests": int(raw.get("num_unfinished", 0)),
+            "spec_draft_tokens": int(raw.get("spec_draft_tokens", 0)),
+            "spec_accepted_tokens": int(raw.get("spec_accepted_tokens", 0)),
             "scheduler": raw,
             **({"kernels": _kernel_selections()} if detail else {}),
             **({"live": self.live.view(self.loop)} if live else {}),

@@ -64,6 +64,10 @@ class EngineStatsCollector(Collector):
         )  # fmt: skip
         yield counter("num_preemptions", "Requests retracted under page pressure.",
                       s.get("num_preemptions", 0))  # fmt: skip
+        yield counter("spec_decode_num_draft_tokens", "Drafted tokens verified (speculative "
+                      "decoding).", s.get("spec_draft_tokens", 0))  # fmt: skip
+        yield counter("spec_decode_num_accepted_tokens", "Drafted tokens the model accepted.",
+                      s.get("spec_accepted_tokens", 0))  # fmt: skip
 
 
 class ServerMetrics:

@@ -167,8 +167,21 @@ class SamplingState:
                 ids = torch.as_tensor(np.asarray(prompt_ids, dtype=np.int64), device=self.device)
                 prompt_mask[slot, ids] = True
 
-    def gather(self, slots: np.ndarray) -> SamplingBatch:
-        """Parameters of the rows sampled this step (``slots`` is host int64)."""
+    def speculable(self, slots: np.ndarray) -> np.ndarray:
+        """Which slots may take drafted tokens (speculative decoding): those whose sampling
+        at an output position depends only on the logits, the seed and that position. Not
+        penalties (they count the tokens before), grammars (their state moves with each
+        token) or an active ``min_tokens`` ban."""
+        return (
+            ~self.penalised[slots]
+            & ~self.has_grammar[slots]
+            & (self.out_pos[slots] >= self.min_tokens[slots])
+        )
+
+    def gather(self, slots: np.ndarray, offsets: np.ndarray | None = None) -> SamplingBatch:
+        """Parameters of the rows sampled this step (``slots`` is host int64). ``offsets``
+        (speculative decoding) puts a row that many output positions past its slot's next
+        one: the rows of a drafted block sample positions p, p + 1, ..."""
         temp = self.temperature[slots]
         greedy = temp == 0.0
         top_k = self.top_k[slots]
@@ -182,8 +195,9 @@ class SamplingState:
         def dev(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(a)).to(self.device, non_blocking=False)
 
+        out_pos = self.out_pos[slots] if offsets is None else self.out_pos[slots] + offsets
         banned = None
-        under_min = self.out_pos[slots] < self.min_tokens[slots]
+        under_min = out_pos < self.min_tokens[slots]
         if under_min.any():
             ids = np.where(under_min[:, None], self.stop_ids[slots], -1)
             rows, cols = np.nonzero(ids >= 0)
@@ -220,7 +234,7 @@ class SamplingState:
             top_p=dev(np.where(top_p >= 1.0, np.inf, top_p).astype(np.float32)),
             min_p=dev(min_p),
             seeds=dev(self.seed[slots]),
-            positions=dev(self.out_pos[slots]),
+            positions=dev(out_pos),
             repetition=dev(self.repetition[slots]),
             presence=dev(self.presence[slots]),
             frequency=dev(self.frequency[slots]),

@@ -1,0 +1,78 @@
+"""N-gram drafts for speculative decoding (`--speculative-algorithm NGRAM`, prompt lookup).
+
+Agentic and editing traffic repeats itself: a model quotes the file it was shown, the tool
+output it read, the code it is rewriting. The drafter looks for the latest earlier occurrence
+of a request's last few tokens in its own history (prompt and output) and proposes the tokens
+that followed it; the target model then checks them all in one forward. No second model, no
+extra weights.
+
+Each pool slot keeps its request's tokens in a growing numpy buffer, so drafting is a few
+vectorised comparisons over the recent history, not a Python walk over tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: match lengths tried, longest first: a longer match predicts better
+MATCH_LENGTHS = (4, 3, 2)
+#: how far back a match is looked for (bounds the per-step cost on very long contexts)
+SEARCH_WINDOW = 32768
+
+
+class NgramDrafter:
+    """Per-slot token histories and the drafts they suggest."""
+
+    def __init__(self, capacity: int) -> None:
+        self._tokens: list[np.ndarray | None] = [None] * capacity
+        self._lens = np.zeros(capacity, dtype=np.int64)
+
+    def _grow(self, capacity: int) -> None:
+        self._tokens += [None] * (capacity - len(self._tokens))
+        lens = np.zeros(capacity, dtype=np.int64)
+        lens[: len(self._lens)] = self._lens
+        self._lens = lens
+
+    def install(self, slot: int, tokens: list[int]) -> None:
+        """A request's history (prompt and output so far) now lives in ``slot``."""
+        if slot >= len(self._tokens):
+            self._grow(max(slot + 1, 2 * len(self._tokens)))
+        buf = np.empty(max(64, 2 * len(tokens)), dtype=np.int64)
+        buf[: len(tokens)] = tokens
+        self._tokens[slot] = buf
+        self._lens[slot] = len(tokens)
+
+    def append(self, slot: int, tokens: np.ndarray) -> None:
+        """Tokens the request gained this step."""
+        buf, n = self._tokens[slot], int(self._lens[slot])
+        if buf is None:
+            return
+        if n + len(tokens) > len(buf):
+            bigger = np.empty(2 * (n + len(tokens)), dtype=np.int64)
+            bigger[:n] = buf[:n]
+            buf = self._tokens[slot] = bigger
+        buf[n : n + len(tokens)] = tokens
+        self._lens[slot] = n + len(tokens)
+
+    def propose(self, slot: int, count: int) -> np.ndarray:
+        """Up to ``count`` tokens that followed the latest earlier occurrence of the history's
+        last tokens (empty when nothing matches)."""
+        buf, n = self._tokens[slot], int(self._lens[slot])
+        if buf is None or count <= 0:
+            return np.zeros(0, dtype=np.int64)
+        start = max(0, n - SEARCH_WINDOW)
+        hist = buf[start:n]
+        for m in MATCH_LENGTHS:
+            if len(hist) <= m:
+                continue
+            # candidate starts i (i + m < len(hist)): hist[i : i + m] == the last m tokens, and
+            # at least one token follows the occurrence
+            tail = hist[-m:]
+            hit = hist[: len(hist) - m] == tail[0]
+            for j in range(1, m):
+                hit &= hist[j : len(hist) - m + j] == tail[j]
+            found = np.flatnonzero(hit)
+            if len(found):
+                follow = int(found[-1]) + m
+                return hist[follow : follow + count].copy()
+        return np.zeros(0, dtype=np.int64)

@@ -1,0 +1,151 @@
+"""N-gram speculative decoding (`speculative_algorithm="NGRAM"`): the same tokens as plain
+decoding, in fewer steps.
+
+Verification samples each drafted position exactly as a one-token step would (same logits,
+seed and output position), so greedy outputs still equal transformers' and seeded samples
+equal the non-speculative engine's, through chunked prefill, retraction, prefix hits, stop
+tokens and limits that fall inside a drafted block. Random tiny models repeat themselves
+greedily, so drafts are accepted and the step count drops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from runtime_helpers import KINDS, NUM_NEW
+
+from tokenspeed.runtime import LLM, SamplingParams
+from tokenspeed.runtime.config import ConfigError, build_server_args
+from tokenspeed.runtime.grammar.spec import GrammarSpec
+from tokenspeed.runtime.ngram_drafter import NgramDrafter
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, logprobs=0)
+NGRAM = dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)
+
+
+def make_llm(path, **kw) -> LLM:
+    args = dict(device="cpu", page_size=4, max_num_seqs=8, max_total_tokens=4096, seed=0)
+    args.update(kw)
+    return LLM(str(path) if path is not None else None, **args)
+
+
+def tokens_of(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def test_drafter_proposes_what_followed_the_latest_match():
+    d = NgramDrafter(2)
+    d.install(1, [5, 6, 7, 8, 9, 1, 2, 5, 6, 7])
+    assert d.propose(1, 3).tolist() == [8, 9, 1]  # "5 6 7" was followed by 8 9 1
+    d.append(1, np.array([3, 5, 6, 7]))
+    assert d.propose(1, 2).tolist() == [3, 5]  # the latest occurrence wins
+    d.install(0, [1, 2, 3, 4])
+    assert d.propose(0, 4).tolist() == []  # nothing repeats
+    d.install(0, [9, 4, 9, 4, 9])
+    assert d.propose(0, 8).tolist() == [4, 9]  # at most what the history holds
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_outputs_match_transformers(checkpoints, prompts, references, kind):
+    plain = make_llm(checkpoints[kind])
+    spec = make_llm(checkpoints[kind], **NGRAM)
+    outs = spec.generate(prompts, GREEDY)
+    assert tokens_of(outs) == references[kind][0]
+    ex = spec.engine.executor
+    assert ex.spec_accepted > 0 and ex.spec_drafted >= ex.spec_accepted
+    # a batch takes as many steps as its slowest request; alone, a request that repeats
+    # itself finishes in fewer steps
+    fewer = 0
+    for prompt in prompts:
+        before = (plain.engine.num_steps, spec.engine.num_steps)
+        plain.generate([prompt], GREEDY)
+        spec.generate([prompt], GREEDY)
+        fewer += spec.engine.num_steps - before[1] < plain.engine.num_steps - before[0]
+    assert fewer > 0
+    # logprobs of the accepted drafts are the model's, as for one-token steps
+    ref_logits = references[kind][1]
+    for out, ref in zip(outs, ref_logits, strict=True):
+        comp = out.outputs[0]
+        ours = torch.tensor(
+            [step[t] for step, t in zip(comp.logprobs, comp.token_ids, strict=True)]
+        )
+        want = ref.log_softmax(-1).gather(1, torch.tensor(comp.token_ids)[:, None]).squeeze(1)
+        torch.testing.assert_close(ours, want, atol=1e-4, rtol=0)
+
+
+def test_chunked_prefill_retraction_and_prefix_hits(checkpoints, prompts, references):
+    ref = references["qwen3_moe"][0]
+    chunked = make_llm(checkpoints["qwen3_moe"], chunked_prefill_size=16, **NGRAM)
+    assert tokens_of(chunked.generate(prompts, GREEDY)) == ref
+    small = make_llm(checkpoints["qwen3_moe"], max_total_tokens=240, **NGRAM)
+    outs = small.generate(prompts, GREEDY)
+    assert tokens_of(outs) == ref
+    assert small.engine.stats()["num_preemptions"] > 0
+    cached = make_llm(checkpoints["qwen3"], enable_prefix_caching=True, **NGRAM)
+    cached.generate(prompts[:3], GREEDY)
+    again = cached.generate(prompts, GREEDY)
+    assert tokens_of(again) == references["qwen3"][0]
+    assert all(o.metrics.cache_tokens > 0 for o in again[:3])
+
+
+def test_seeded_sampling_equals_plain_decoding(checkpoints, prompts):
+    """Random sampling too: a position's draw depends on the seed and the position only."""
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=NUM_NEW, seed=11, logprobs=2),
+        SamplingParams(temperature=1.0, top_k=5, max_tokens=NUM_NEW, seed=3),
+        SamplingParams(temperature=0.0, max_tokens=NUM_NEW, min_tokens=20),  # no drafts < 20
+        SamplingParams(temperature=0.7, max_tokens=NUM_NEW, seed=4, presence_penalty=0.5),
+    ]
+    batch = [prompts[i % len(prompts)] for i in range(8)]
+    sp = [params[i % len(params)] for i in range(8)]
+    plain = make_llm(checkpoints["llama"]).generate(batch, sp)
+    spec_llm = make_llm(checkpoints["llama"], **NGRAM)
+    spec = spec_llm.generate(batch, sp)
+    assert tokens_of(spec) == tokens_of(plain)
+    for a, b in zip(spec, plain, strict=True):
+        if b.outputs[0].logprobs:
+            for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+                assert x.keys() == y.keys()
+                assert max(abs(x[k] - y[k]) for k in x) < 1e-4
+    assert spec_llm.engine.executor.spec_accepted > 0
+
+
+def test_stops_and_limits_inside_a_drafted_block(checkpoints, prompts, references):
+    """A stop token or the token limit met among accepted drafts ends the output there."""
+    ref = references["qwen3"][0]
+    spec = make_llm(checkpoints["qwen3"], **NGRAM)
+    # stop at the 10th token of each reference output (its first occurrence)
+    stops = [SamplingParams(temperature=0.0, max_tokens=NUM_NEW, stop_token_ids=[r[9]])
+             for r in ref]  # fmt: skip
+    outs = spec.generate(prompts, stops)
+    for out, r in zip(outs, ref, strict=True):
+        cut = r.index(r[9]) + 1
+        assert out.outputs[0].token_ids == r[:cut] and out.outputs[0].finish_reason == "stop"
+    for limit in (1, 5, 7):
+        outs = spec.generate(prompts, SamplingParams(temperature=0.0, max_tokens=limit))
+        assert tokens_of(outs) == [r[:limit] for r in ref]
+        assert all(o.outputs[0].finish_reason == "length" for o in outs)
+
+
+def test_grammar_rows_share_a_drafted_step():
+    """A constrained request takes no drafts; its batch mates still do."""
+    plain = make_llm(None, max_total_tokens=4096)
+    spec = make_llm(None, max_total_tokens=4096, **NGRAM)
+    prompt = "one two three one two three one two three one two"
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=24),
+        SamplingParams(temperature=0.0, max_tokens=24, grammar=GrammarSpec.regex("[a-z]{3,8}")),
+    ]
+    want = plain.generate([prompt, prompt], params)
+    got = spec.generate([prompt, prompt], params)
+    assert tokens_of(got) == tokens_of(want)
+    assert spec.engine.executor.spec_drafted > 0
+
+
+def test_ngram_options():
+    args = build_server_args({"speculative_algorithm": "NGRAM"})
+    assert args.unsupported_options() == []
+    assert build_server_args({"speculative_algorithm": "MTP"}).unsupported_options()
+    with pytest.raises(ConfigError, match="speculative_num_draft_tokens"):
+        build_server_args({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 1})
