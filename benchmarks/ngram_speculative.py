@@ -1,0 +1,109 @@
+"""N-gram speculative decoding against plain decoding: the same requests, the same tokens.
+
+Both engines generate ``--output-len`` tokens (EOS ignored) for the same prompts, greedy;
+the outputs are checked equal, then decode throughput, steps and the drafts' acceptance are
+reported. How much NGRAM gains depends on how much the output repeats its context: the
+embedded tiny model (random weights) repeats itself in short loops, a real model copying a
+file or a tool result repeats long spans. A measurement, never a test.
+
+    python benchmarks/ngram_speculative.py                                  # tiny model, CPU
+    python benchmarks/ngram_speculative.py --device cuda --model qwen3-8b --load-format dummy \
+        --dtype bfloat16 --repeats 1 --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def run(args: argparse.Namespace, prompts: list[list[int]], spec: bool) -> dict[str, Any]:
+    from tokenspeed.runtime import LLM, SamplingParams
+
+    extra = {"speculative_algorithm": "NGRAM",
+             "speculative_num_draft_tokens": args.draft_tokens} if spec else {}  # fmt: skip
+    if args.load_format:
+        extra["load_format"] = args.load_format
+    if args.dtype:
+        extra["dtype"] = args.dtype
+    llm = LLM(args.model, device=args.device, max_total_tokens=args.max_total_tokens,
+              max_num_seqs=args.batch, **extra)  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    steps0 = llm.engine.num_steps
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    ex = llm.engine.executor
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {
+        "engine": "ngram" if spec else "plain",
+        "seconds": round(seconds, 4),
+        "output_tokens_per_s": round(tokens / seconds, 1),
+        "steps": llm.engine.num_steps - steps0,
+        "drafted": ex.spec_drafted,
+        "accepted": ex.spec_accepted,
+        "acceptance": round(ex.spec_accepted / ex.spec_drafted, 3) if ex.spec_drafted else None,
+        "tokens": [o.outputs[0].token_ids for o in outs],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="model directory (default: the tiny model)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--load-format", default=None, help="dummy: random weights of --model")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--max-total-tokens", type=int, default=32768)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved runs of each engine")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(10, 1000, size=args.prompt_len).tolist()
+               for _ in range(args.num_prompts)]  # fmt: skip
+    runs: list[dict[str, Any]] = []
+    for _ in range(args.repeats):
+        for spec in (False, True):
+            runs.append(run(args, prompts, spec))
+    plain = [r for r in runs if r["engine"] == "plain"]
+    ngram = [r for r in runs if r["engine"] == "ngram"]
+    same = all(r["tokens"] == plain[0]["tokens"] for r in runs)
+    median = {name: float(np.median([r["output_tokens_per_s"] for r in rs]))
+              for name, rs in (("plain", plain), ("ngram", ngram))}  # fmt: skip
+    summary = {
+        "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
+        "model": args.model or "tokenspeed-tiny",
+        "num_prompts": args.num_prompts,
+        "output_len": args.output_len,
+        "draft_tokens": args.draft_tokens,
+        "outputs_equal": same,
+        "median_tokens_per_s": median,
+        "speedup": round(median["ngram"] / median["plain"], 3),
+        "steps": {"plain": plain[0]["steps"], "ngram": ngram[0]["steps"]},
+        "acceptance": ngram[0]["acceptance"],
+        "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs],
+    }
+    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
