@@ -270,16 +270,15 @@ class ModelExecutor:
         """Run one forward op; sample every request the op marks as sampled."""
         if ForwardMode.of(op.mode) is ForwardMode.IDLE or op.batch_size == 0:
             return StepOutput(np.zeros(0, np.int64), np.zeros(0, np.int64))
-        drafts: list[np.ndarray] | None = None
+        verify: _Verify | None = None
         if self.drafter is not None:
-            op, drafts = self._with_drafts(op)
+            op, verify = self._with_drafts(op)
         batch, logits = self._run_model(op, self.attn_backend, want_logits=True, allow_graph=True)
         rows = batch.sample_rows_np
         if logits is None:
             return StepOutput(rows, np.zeros(0, np.int64))
-        if batch.sample_counts_np is not None:
-            assert drafts is not None
-            return self._verify(batch, logits, drafts)
+        if verify is not None:
+            return self._verify(logits, verify)
         slots = batch.pool_indices_np[rows]
         with torch.inference_mode():
             sb = self.sampling.gather(slots)
@@ -301,15 +300,20 @@ class ModelExecutor:
         return result
 
     # ---- speculative decoding (NGRAM) ----------------------------------------------------
-    def _with_drafts(self, op: Any) -> tuple[Any, list[np.ndarray]]:
-        """The op to run for the scheduler's ``op``: each decode request's last token and its
-        drafts (the scheduler reserved ``spec_tokens`` positions per decode; fewer are used
-        when fewer tokens are drafted). With drafts it runs as an extend whose decode rows
-        sample every position; without, as the plain one-token decode (CUDA graphs apply)."""
+    def _with_drafts(self, op: Any) -> tuple[Any, _Verify | None]:
+        """The op to run for the scheduler's ``op`` (which reserved ``spec_tokens`` positions
+        per decode request), and what to verify after it.
+
+        A pure decode step with drafts runs as a decode of one row per position: request i's
+        rows are its last token then its drafts, at positions p_i, p_i + 1, ..., each row
+        attending to the KV up to itself (every row's KV is stored before attention runs), so
+        the decode kernels and their CUDA graphs verify the block. A mixed step runs as an
+        extend whose decode rows are the blocks. Without any draft the step is the plain
+        one-token decode."""
         mode = ForwardMode.of(op.mode)
         num_decode = op.batch_size if mode is ForwardMode.DECODE else int(op.num_decode)
         if mode is ForwardMode.EXTEND or num_decode == 0:
-            return op, []
+            return op, None
         assert self.drafter is not None
         pool = np.asarray(op.request_pool_indices, dtype=np.int64)
         can = self.sampling.speculable(pool[:num_decode])
@@ -321,42 +325,43 @@ class ModelExecutor:
         lens = np.array([len(d) for d in drafts], dtype=np.int64)
         prefix = np.asarray(op.prefix_lens, dtype=np.int64)
         extend = np.asarray(op.extend_lens, dtype=np.int64).copy()
-        extend[:num_decode] = 1 + lens
         ids = np.asarray(op.input_ids, dtype=np.int64)
         mask = np.asarray(op.sample_mask, dtype=bool)
-        counts = None
-        if lens.any():
-            parts = [np.concatenate([ids[i : i + 1], drafts[i]]) for i in range(num_decode)]
-            ids = np.concatenate([*parts, ids[num_decode:]])
-            counts = np.where(mask, 1, 0).astype(np.int64)
-            counts[:num_decode] = 1 + lens
-            mode = ForwardMode.EXTEND
-            self.spec_drafted += int(lens.sum())
-        view = _SyntheticOp(
-            mode=mode,
-            request_ids=[],
-            request_pool_indices=pool,
-            prefix_lens=prefix,
-            extend_lens=extend,
-            seq_lens=prefix + extend,
-            input_ids=ids,
-            block_tables=np.asarray(op.block_tables),
-            sample_mask=mask,
-            sample_counts=counts,
-            num_decode=num_decode if mode is not ForwardMode.EXTEND else 0,
-        )
-        return view, drafts
+        tables = np.asarray(op.block_tables)
+        blocks = [np.concatenate([ids[i : i + 1], drafts[i]]) for i in range(num_decode)]
+        if not lens.any():  # the plain decode: one position per decode request
+            extend[:num_decode] = 1
+            view = _SyntheticOp(mode, [], pool, prefix, extend, prefix + extend, ids, tables,
+                                mask, num_decode=num_decode)  # fmt: skip
+            return view, None
+        self.spec_drafted += int(lens.sum())
+        if mode is ForwardMode.DECODE:
+            per = 1 + lens
+            owner = np.repeat(np.arange(num_decode), per)
+            within = np.arange(int(per.sum()), dtype=np.int64) - np.repeat(
+                np.cumsum(per) - per, per
+            )
+            positions = prefix[owner] + within
+            rows = len(owner)
+            view = _SyntheticOp(ForwardMode.DECODE, [], pool[owner], positions,
+                                np.ones(rows, np.int64), positions + 1, np.concatenate(blocks),
+                                tables[owner], np.ones(rows, bool), num_decode=rows)  # fmt: skip
+            return view, _Verify(np.arange(num_decode), per, pool[:num_decode], drafts)
+        extend[:num_decode] = 1 + lens
+        counts = np.where(mask, 1, 0).astype(np.int64)
+        counts[:num_decode] = 1 + lens
+        view = _SyntheticOp(ForwardMode.EXTEND, [], pool, prefix, extend, prefix + extend,
+                            np.concatenate([*blocks, ids[num_decode:]]), tables, mask,
+                            sample_counts=counts)  # fmt: skip
+        sampled = np.flatnonzero(counts)
+        return view, _Verify(sampled, counts[sampled], pool[sampled], drafts)
 
-    def _verify(
-        self, batch: ForwardBatch, logits: torch.Tensor, drafts: list[np.ndarray]
-    ) -> StepOutput:
+    def _verify(self, logits: torch.Tensor, v: _Verify) -> StepOutput:
         """Sample every position of each drafted block and keep the drafts up to the first
         one the model would not have sampled itself, then its own token there. Each position
         samples exactly what plain decoding would (same logits, seed and output position), so
         outputs equal the non-speculative ones token for token, greedy or seeded."""
-        rows, counts = batch.sample_rows_np, batch.sample_counts_np
-        assert counts is not None
-        slots = batch.pool_indices_np[rows]
+        rows, counts, slots = v.rows, v.counts, v.slots
         row_slots = np.repeat(slots, counts)
         starts = np.cumsum(counts) - counts
         offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
@@ -371,8 +376,7 @@ class ModelExecutor:
                                                     counts.tolist(), strict=True)):  # fmt: skip
             n = 1
             if count > 1:  # a decode row with drafts: they are the inputs after its last token
-                d = drafts[row]
-                miss = np.flatnonzero(sampled[start : start + count - 1] != d)
+                miss = np.flatnonzero(sampled[start : start + count - 1] != v.drafts[row])
                 n = (int(miss[0]) if len(miss) else count - 1) + 1
                 accepted[i] = n
             keep[start : start + n] = True
@@ -407,6 +411,18 @@ class ModelExecutor:
             raise RuntimeError("load-back planned but no host KV pool was configured")
         load_back(self.host_pool, self.kv_pool, host_pages, device_pages)
         self.pages_loaded_back += len(device_pages)
+
+
+@dataclass
+class _Verify:
+    """A step's drafted blocks: for each sampled request (``rows`` of the scheduler's op),
+    its sampled positions (``counts``, in order in the logits), pool slot and drafts (by op
+    row; decode rows only)."""
+
+    rows: np.ndarray
+    counts: np.ndarray
+    slots: np.ndarray
+    drafts: list[np.ndarray]
 
 
 @dataclass

@@ -78,6 +78,11 @@ def test_chunked_prefill_retraction_and_prefix_hits(checkpoints, prompts, refere
     ref = references["qwen3_moe"][0]
     chunked = make_llm(checkpoints["qwen3_moe"], chunked_prefill_size=16, **NGRAM)
     assert tokens_of(chunked.generate(prompts, GREEDY)) == ref
+    # mixed steps (decodes beside prefill chunks) verify their blocks as an extend
+    mixed = make_llm(checkpoints["qwen3_moe"], chunked_prefill_size=16, enable_mixed_batch=True,
+                     max_num_seqs=4, **NGRAM)  # fmt: skip
+    assert tokens_of(mixed.generate(prompts, GREEDY)) == ref
+    assert mixed.engine.executor.spec_accepted > 0
     small = make_llm(checkpoints["qwen3_moe"], max_total_tokens=240, **NGRAM)
     outs = small.generate(prompts, GREEDY)
     assert tokens_of(outs) == ref
