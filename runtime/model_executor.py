@@ -146,7 +146,9 @@ class ModelExecutor:
             self._init_cuda_graphs()
 
     def _init_cuda_graphs(self) -> None:
-        max_bs = int(self.config.cuda_graph_max_bs or min(self.config.max_num_seqs, 256))
+        # a speculative verify step decodes one row per drafted position
+        rows = self.config.max_num_seqs * self.spec_tokens
+        max_bs = int(self.config.cuda_graph_max_bs or min(rows, 256))
         runner = CudaGraphRunner(
             self.model,
             self.attn_backend,

@@ -56,23 +56,32 @@ class NgramDrafter:
 
     def propose(self, slot: int, count: int) -> np.ndarray:
         """Up to ``count`` tokens that followed the latest earlier occurrence of the history's
-        last tokens (empty when nothing matches)."""
+        last tokens, the longest match (up to ``MATCH_LENGTHS[0]`` tokens) winning; empty
+        when not even the last ``MATCH_LENGTHS[-1]`` tokens occurred before.
+
+        One pass over the window finds where the last two tokens occurred before (a token
+        follows each); the longer matches are then checked at those few places only."""
         buf, n = self._tokens[slot], int(self._lens[slot])
-        if buf is None or count <= 0:
+        shortest, longest = MATCH_LENGTHS[-1], MATCH_LENGTHS[0]
+        if buf is None or count <= 0 or n <= shortest:
             return np.zeros(0, dtype=np.int64)
-        start = max(0, n - SEARCH_WINDOW)
-        hist = buf[start:n]
-        for m in MATCH_LENGTHS:
-            if len(hist) <= m:
-                continue
-            # candidate starts i (i + m < len(hist)): hist[i : i + m] == the last m tokens, and
-            # at least one token follows the occurrence
-            tail = hist[-m:]
-            hit = hist[: len(hist) - m] == tail[0]
-            for j in range(1, m):
-                hit &= hist[j : len(hist) - m + j] == tail[j]
-            found = np.flatnonzero(hit)
-            if len(found):
-                follow = int(found[-1]) + m
-                return hist[follow : follow + count].copy()
-        return np.zeros(0, dtype=np.int64)
+        hist = buf[max(0, n - SEARCH_WINDOW) : n]
+        size = len(hist)
+        # ends e (exclusive) with hist[e - 2 : e] == the last two tokens and e < size
+        ends = np.flatnonzero((hist[: size - 2] == hist[-2]) & (hist[1 : size - 1] == hist[-1]))
+        if not len(ends):
+            return np.zeros(0, dtype=np.int64)
+        ends = ends + 2
+        length = np.full(len(ends), 2, dtype=np.int64)
+        alive = np.ones(len(ends), dtype=bool)
+        for back in range(3, longest + 1):  # does the match reach `back` tokens?
+            start = ends - back
+            ok = alive & (start >= 0)
+            ok[ok] = hist[start[ok]] == hist[size - back]
+            length[ok] = back
+            alive = ok
+        best = np.flatnonzero(length == length.max())[-1]  # the longest, then the latest
+        if length[best] < shortest:
+            return np.zeros(0, dtype=np.int64)
+        follow = int(ends[best])
+        return hist[follow : follow + count].copy()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from runtime_helpers import KINDS, NUM_NEW
 
 from tokenspeed.runtime import LLM, SamplingParams
@@ -154,3 +156,25 @@ def test_ngram_options():
     assert build_server_args({"speculative_algorithm": "MTP"}).unsupported_options()
     with pytest.raises(ConfigError, match="speculative_num_draft_tokens"):
         build_server_args({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 1})
+
+
+def _reference_proposal(tokens: list[int], count: int) -> list[int]:
+    """The drafter's rule, spelled out: for match lengths 4, 3, 2 (longest first), the latest
+    earlier occurrence of the last m tokens that some token follows."""
+    for m in (4, 3, 2):
+        if len(tokens) <= m:
+            continue
+        tail = tokens[-m:]
+        for i in range(len(tokens) - m - 1, -1, -1):
+            if tokens[i : i + m] == tail:
+                return tokens[i + m : i + m + count]
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.lists(st.integers(0, 3), max_size=40), count=st.integers(1, 5))
+def test_drafter_matches_its_reference(tokens, count):
+    d = NgramDrafter(1)
+    d.install(0, tokens[: len(tokens) // 2])
+    d.append(0, np.asarray(tokens[len(tokens) // 2 :], dtype=np.int64))
+    assert d.propose(0, count).tolist() == _reference_proposal(tokens, count)
