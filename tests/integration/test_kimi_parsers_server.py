@@ -11,11 +11,10 @@ tokens in the text of requests whose tool-call parser needs them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import openai
 import pytest
-from serving_helpers import MODEL, Server, scheduler_built, start_server
+from serving_helpers import MODEL, scheduler_built
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -32,20 +31,10 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 IM_START = 1  # a special token of the tiny vocabulary ("<|im_start|>")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(
-        tmp_path_factory.mktemp("serve-kimi"),
-        "--max-total-tokens", "4096", "--max-model-len", "1024",
-        "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2",
-    )  # fmt: skip
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+SERVER_FLAGS = (
+    "--max-total-tokens", "4096", "--max-model-len", "1024",
+    "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2",
+)  # fmt: skip
 
 
 def chat(client: openai.OpenAI, options: list[str], **kw):

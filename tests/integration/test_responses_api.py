@@ -8,12 +8,16 @@ tools, formats) is pinned by token counts and texts, not just by shapes.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
-from serving_helpers import MODEL, Server, no_whitespace_bias, scheduler_built, start_server
+from serving_helpers import (
+    MODEL,
+    Server,
+    no_whitespace_bias,
+    scheduler_built,
+)
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -26,19 +30,9 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather in 
 CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in TOOLS[0].items() if k != "type"}}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(
-        tmp_path_factory.mktemp("serve-responses"),
-        "--max-total-tokens", "8192", "--max-model-len", "2048",
-    )  # fmt: skip
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+SERVER_FLAGS = (
+    "--max-total-tokens", "8192", "--max-model-len", "2048",
+)  # fmt: skip
 
 
 def prompt_tokens(server: Server, messages: list[dict], tools: list | None = None) -> int:

@@ -3,12 +3,10 @@ offline engine without speculation answers, streamed or whole, and reports its d
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import openai
 import pytest
-from serving_helpers import MODEL, Server, scheduler_built, start_server
+from serving_helpers import MODEL, Server, scheduler_built
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -18,20 +16,10 @@ pytestmark = [
 PROMPT = "one two three four one two three four one two three four one two"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(
-        tmp_path_factory.mktemp("serve-ngram"),
-        "--max-total-tokens", "4096", "--max-model-len", "1024",
-        "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4",
-    )  # fmt: skip
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+SERVER_FLAGS = (
+    "--max-total-tokens", "4096", "--max-model-len", "1024",
+    "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4",
+)  # fmt: skip
 
 
 def test_answers_equal_plain_decoding(client: openai.OpenAI, server: Server) -> None:

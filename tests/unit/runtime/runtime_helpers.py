@@ -197,3 +197,14 @@ def run_without_scheduler(
             outs[r].append(int(res.tokens[j]))
             logits[r].append(res.logits[j])
     return outs, logits
+
+
+def assert_logprobs_match(outs, ref_logits, atol: float = 1e-4) -> None:
+    """Sampled-token logprobs equal transformers' log-softmax at every step (raw logits)."""
+    for out, ref in zip(outs, ref_logits, strict=True):
+        comp = out.outputs[0]
+        ours = torch.tensor(
+            [step[t] for step, t in zip(comp.logprobs, comp.token_ids, strict=True)]
+        )
+        want = ref.log_softmax(-1).gather(1, torch.tensor(comp.token_ids)[:, None]).squeeze(1)
+        torch.testing.assert_close(ours, want, atol=atol, rtol=0)

@@ -17,7 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from runtime_helpers import hf_greedy, hf_model, make_prompts, run_without_scheduler
+from runtime_helpers import (
+    assert_logprobs_match,
+    hf_greedy,
+    hf_model,
+    make_prompts,
+    run_without_scheduler,
+)
 from safetensors.torch import save_file
 
 from tokenspeed.runtime import LLM, SamplingParams
@@ -135,17 +141,6 @@ def make_llm(path: Path, **kw: object) -> LLM:
 
 def tokens_of(outs) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
-
-
-def assert_logprobs_match(outs, ref_logits, atol: float = 1e-4) -> None:
-    """The sampled token's logprob equals transformers' log-softmax at every step."""
-    for out, ref in zip(outs, ref_logits, strict=True):
-        comp = out.outputs[0]
-        ours = torch.tensor(
-            [step[t] for step, t in zip(comp.logprobs, comp.token_ids, strict=True)]
-        )
-        want = ref.log_softmax(-1).gather(1, torch.tensor(comp.token_ids)[:, None]).squeeze(1)
-        torch.testing.assert_close(ours, want, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

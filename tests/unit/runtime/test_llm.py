@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_helpers import KINDS, NUM_NEW
+from runtime_helpers import KINDS, NUM_NEW, assert_logprobs_match
 
 from tokenspeed.runtime import LLM, SamplingParams
 
@@ -24,17 +24,6 @@ def make_llm(path, **kw) -> LLM:
 
 def tokens_of(outs) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
-
-
-def assert_logprobs_match(outs, ref_logits) -> None:
-    """Sampled-token logprobs equal transformers' log-softmax at every step (raw logits)."""
-    for out, ref in zip(outs, ref_logits, strict=True):
-        comp = out.outputs[0]
-        ours = torch.tensor(
-            [step[t] for step, t in zip(comp.logprobs, comp.token_ids, strict=True)]
-        )
-        want = ref.log_softmax(-1).gather(1, torch.tensor(comp.token_ids)[:, None]).squeeze(1)
-        torch.testing.assert_close(ours, want, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from runtime_helpers import KINDS, NUM_NEW
+from runtime_helpers import KINDS, NUM_NEW, assert_logprobs_match
 
 from tokenspeed.runtime import LLM, SamplingParams
 from tokenspeed.runtime.config import ConfigError, build_server_args
@@ -66,14 +65,7 @@ def test_greedy_outputs_match_transformers(checkpoints, prompts, references, kin
         fewer += spec.engine.num_steps - before[1] < plain.engine.num_steps - before[0]
     assert fewer > 0
     # logprobs of the accepted drafts are the model's, as for one-token steps
-    ref_logits = references[kind][1]
-    for out, ref in zip(outs, ref_logits, strict=True):
-        comp = out.outputs[0]
-        ours = torch.tensor(
-            [step[t] for step, t in zip(comp.logprobs, comp.token_ids, strict=True)]
-        )
-        want = ref.log_softmax(-1).gather(1, torch.tensor(comp.token_ids)[:, None]).squeeze(1)
-        torch.testing.assert_close(ours, want, atol=1e-4, rtol=0)
+    assert_logprobs_match(outs, references[kind][1])
 
 
 def test_chunked_prefill_retraction_and_prefix_hits(checkpoints, prompts, references):
