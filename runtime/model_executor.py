@@ -142,6 +142,7 @@ class ModelExecutor:
             self.spec_tokens = int(config.speculative_num_draft_tokens)
         self.spec_drafted = 0  # drafts proposed and accepted so far (stats, tests)
         self.spec_accepted = 0
+        self.spec_multi_token_steps = 0  # verify steps run as q_len > 1 queries (MLA)
         if self.device.type == "cuda" and not config.disable_cuda_graph:
             self._init_cuda_graphs()
 
@@ -257,6 +258,10 @@ class ModelExecutor:
     ) -> tuple[ForwardBatch, torch.Tensor | None]:
         batch = make_forward_batch(op, self.page_size, self.device, pin=self._pin)
         batch.extras["attn_backend"] = backend
+        q_len = int(getattr(op, "decode_q_len", 1))
+        if q_len > 1:  # speculative blocks as multi-token queries (graphs hold one row each)
+            batch.extras["decode_q_len"] = q_len
+            allow_graph = False
         runner = self.graph_runner if allow_graph else None
         with torch.inference_mode():
             if runner is not None and runner.can_run(batch):
@@ -339,6 +344,13 @@ class ModelExecutor:
         self.spec_drafted += int(lens.sum())
         if mode is ForwardMode.DECODE:
             per = 1 + lens
+            q_len = 1
+            if getattr(self.attn_backend, "multi_token_decode", False):
+                # every block padded to the widest (the padding's tokens are never kept)
+                q_len = int(per.max())
+                blocks = [np.pad(b, (0, q_len - len(b)), mode="edge") for b in blocks]
+                per = np.full(num_decode, q_len, dtype=np.int64)
+                self.spec_multi_token_steps += 1
             owner = np.repeat(np.arange(num_decode), per)
             within = np.arange(int(per.sum()), dtype=np.int64) - np.repeat(
                 np.cumsum(per) - per, per
@@ -347,7 +359,8 @@ class ModelExecutor:
             rows = len(owner)
             view = _SyntheticOp(ForwardMode.DECODE, [], pool[owner], positions,
                                 np.ones(rows, np.int64), positions + 1, np.concatenate(blocks),
-                                tables[owner], np.ones(rows, bool), num_decode=rows)  # fmt: skip
+                                tables[owner], np.ones(rows, bool), num_decode=rows,
+                                decode_q_len=q_len)  # fmt: skip
             return view, _Verify(np.arange(num_decode), per, pool[:num_decode], drafts)
         extend[:num_decode] = 1 + lens
         counts = np.where(mask, 1, 0).astype(np.int64)
@@ -378,8 +391,9 @@ class ModelExecutor:
                                                     counts.tolist(), strict=True)):  # fmt: skip
             n = 1
             if count > 1:  # a decode row with drafts: they are the inputs after its last token
-                miss = np.flatnonzero(sampled[start : start + count - 1] != v.drafts[row])
-                n = (int(miss[0]) if len(miss) else count - 1) + 1
+                d = v.drafts[row]  # (a padded block has more rows than drafts)
+                miss = np.flatnonzero(sampled[start : start + len(d)] != d)
+                n = (int(miss[0]) if len(miss) else len(d)) + 1
                 accepted[i] = n
             keep[start : start + n] = True
         self.sampling.out_pos[slots] += accepted - 1  # record() advanced each slot by one
@@ -442,6 +456,7 @@ class _SyntheticOp:
     sample_mask: np.ndarray
     sample_counts: np.ndarray | None = None  # see ForwardBatch.sample_counts_np
     num_decode: int = 0
+    decode_q_len: int = 1  # rows per request of a decode, read as one multi-token query
 
     @property
     def batch_size(self) -> int:

@@ -56,6 +56,19 @@ def test_tiny_v3_matches_transformers_on_cuda(tiny_v3):
         torch.testing.assert_close(torch.stack(ours).cpu(), ref, atol=2e-3, rtol=0)
 
 
+def test_tiny_v3_ngram_speculative_on_cuda(tiny_v3):
+    """Drafted blocks as multi-token queries of the registry's MLA decode on the GPU: the
+    greedy tokens stay transformers'."""
+    from tokenspeed.runtime import LLM, SamplingParams
+
+    path, prompts, (ref_tokens, _) = tiny_v3
+    llm = LLM(str(path), device="cuda", page_size=64, max_total_tokens=8192,
+              speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)  # fmt: skip
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16))
+    assert [o.outputs[0].token_ids for o in outs] == ref_tokens
+    assert llm.engine.executor.spec_multi_token_steps > 0
+
+
 def test_tiny_v3_fp8_latent_cache_on_cuda(tiny_v3):
     from runtime_helpers import run_without_scheduler
 

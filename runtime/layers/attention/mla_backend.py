@@ -61,6 +61,9 @@ class MLAAttentionBackend(PagedAttentionBackend):
 
     name = "mla"
     kv_pool: MLAKVPool
+    #: a decode batch may hold ``batch.extras["decode_q_len"]`` consecutive rows per request
+    #: (a speculative block), decoded as one ``q_len``-token query (causal inside the block)
+    multi_token_decode = True
 
     def __init__(self, kv_pool: MLAKVPool, solution: str | None = None) -> None:
         super().__init__(kv_pool, None)
@@ -167,9 +170,12 @@ class MLAAttentionBackend(PagedAttentionBackend):
         self._store(kv_c, k_pe, layer, batch)
         cache, scale = self.kv_pool.layer_cache(layer.layer_id)
         block_tables, seq_lens, _ = batch.attn_metadata
+        q_len = int(batch.extras.get("decode_q_len", 1))
+        if q_len > 1:  # rows j of a block sit at seq_len - q_len + j: the kernel's layout
+            block_tables, seq_lens = block_tables[::q_len], seq_lens[q_len - 1 :: q_len]
         with self._forced():
             out = mla.mla_decode(
-                q.unsqueeze(1),
+                q.reshape(-1, q_len, *q.shape[1:]),
                 cache,
                 block_tables,
                 seq_lens,
@@ -179,4 +185,4 @@ class MLAAttentionBackend(PagedAttentionBackend):
                 max_seq_len=batch.extras.get("max_seq_len"),
             )
         assert isinstance(out, torch.Tensor)
-        return out.squeeze(1)
+        return out.reshape(-1, *out.shape[2:])

@@ -355,10 +355,18 @@ def test_dummy_deepseek_v3_builds_and_generates():
     assert [len(o.outputs[0].token_ids) for o in outs] == [6, 6]
 
 
-def test_ngram_speculative_decoding_keeps_parity(ds_checkpoints, ds_prompts, ds_references):
-    """Drafted blocks verify through the latent cache (an extend over the cached prefix)."""
-    llm = make_llm(ds_checkpoints["v3"], speculative_algorithm="NGRAM")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_ngram_speculative_decoding_keeps_parity(
+    ds_checkpoints, ds_prompts, ds_references, variant
+):
+    """Drafted blocks verify as multi-token queries of the absorbed MLA decode (causal inside
+    the block, blocks padded to one width), and as an extend in mixed steps."""
+    llm = make_llm(ds_checkpoints[variant], speculative_algorithm="NGRAM")
     outs = llm.generate(ds_prompts, GREEDY)
-    assert tokens_of(outs) == ds_references["v3"][0]
-    assert_logprobs_match(outs, ds_references["v3"][1])
-    assert llm.engine.executor.spec_accepted > 0
+    assert tokens_of(outs) == ds_references[variant][0]
+    assert_logprobs_match(outs, ds_references[variant][1])
+    ex = llm.engine.executor
+    assert ex.spec_accepted > 0 and ex.spec_multi_token_steps > 0
+    mixed = make_llm(ds_checkpoints[variant], speculative_algorithm="NGRAM",
+                     chunked_prefill_size=16, enable_mixed_batch=True, max_num_seqs=4)  # fmt: skip
+    assert tokens_of(mixed.generate(ds_prompts, GREEDY)) == ds_references[variant][0]
