@@ -314,9 +314,10 @@ class ModelExecutor:
         A pure decode step with drafts runs as a decode of one row per position: request i's
         rows are its last token then its drafts, at positions p_i, p_i + 1, ..., each row
         attending to the KV up to itself (every row's KV is stored before attention runs), so
-        the decode kernels and their CUDA graphs verify the block. A mixed step runs as an
-        extend whose decode rows are the blocks. Without any draft the step is the plain
-        one-token decode."""
+        the decode kernels and their CUDA graphs verify the block; a backend with
+        ``multi_token_decode`` (MLA) reads each block, padded to the step's widest, as one
+        query of that many tokens. A mixed step runs as an extend whose decode rows are the
+        blocks. Without any draft the step is the plain one-token decode."""
         mode = ForwardMode.of(op.mode)
         num_decode = op.batch_size if mode is ForwardMode.DECODE else int(op.num_decode)
         if mode is ForwardMode.EXTEND or num_decode == 0:
