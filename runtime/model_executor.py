@@ -384,7 +384,6 @@ class ModelExecutor:
         with torch.inference_mode():
             sb = self.sampling.gather(row_slots, offsets)
             out = sample(logits, sb, self.sampling)
-            self.sampling.record(row_slots, sb, out.tokens)
         sampled = out.tokens.cpu().numpy()
         keep = np.zeros(len(sampled), dtype=bool)
         accepted = np.ones(len(rows), dtype=np.int64)
@@ -397,7 +396,8 @@ class ModelExecutor:
                 n = (int(miss[0]) if len(miss) else len(d)) + 1
                 accepted[i] = n
             keep[start : start + n] = True
-        self.sampling.out_pos[slots] += accepted - 1  # record() advanced each slot by one
+        with torch.inference_mode():
+            self.sampling.record(slots, sb, out.tokens, advance=accepted)
         self.spec_accepted += int((accepted - 1).sum())
         tokens = sampled[keep]
         result = StepOutput(rows, tokens, counts=accepted)

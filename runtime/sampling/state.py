@@ -246,9 +246,17 @@ class SamplingState:
             want_logprobs=logprobs >= 0,
         )
 
-    def record(self, slots: np.ndarray, batch: SamplingBatch, tokens: torch.Tensor) -> None:
-        """Advance output positions and penalty counts by the tokens just sampled."""
-        self.out_pos[slots] += 1
+    def record(
+        self,
+        slots: np.ndarray,
+        batch: SamplingBatch,
+        tokens: torch.Tensor,
+        advance: np.ndarray | None = None,
+    ) -> None:
+        """Advance output positions and penalty counts by the tokens just sampled: each of
+        ``slots`` (distinct) moves by one, or by ``advance`` (a speculative step's accepted
+        tokens per slot); the counts take ``tokens``, the batch's rows."""
+        self.out_pos[slots] += 1 if advance is None else advance
         if batch.use_penalties and self.counts is not None:
             ones = torch.ones_like(tokens, dtype=torch.int32)
             self.counts.index_put_((batch.slots, tokens), ones, accumulate=True)
