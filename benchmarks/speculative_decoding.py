@@ -1,14 +1,19 @@
-"""N-gram speculative decoding against plain decoding: the same requests, the same tokens.
+"""Speculative decoding (NGRAM or MTP) against plain decoding: the same requests and tokens.
 
 Both engines generate ``--output-len`` tokens (EOS ignored) for the same prompts, greedy;
 the outputs are checked equal, then decode throughput, steps and the drafts' acceptance are
 reported. How much NGRAM gains depends on how much the output repeats its context: the
 embedded tiny model (random weights) repeats itself in short loops, a real model copying a
-file or a tool result repeats long spans. A measurement, never a test.
+file or a tool result repeats long spans. MTP needs a checkpoint with an MTP layer; with
+dummy weights its drafts are never right, so the run measures what drafting costs. A
+measurement, never a test.
 
-    python benchmarks/ngram_speculative.py                                  # tiny model, CPU
-    python benchmarks/ngram_speculative.py --device cuda --model qwen3-8b --load-format dummy \
+    python benchmarks/speculative_decoding.py                               # NGRAM, tiny, CPU
+    python benchmarks/speculative_decoding.py --device cuda --model qwen3-8b --load-format dummy \
         --dtype bfloat16 --repeats 1 --out FILE.json
+    python benchmarks/speculative_decoding.py --algorithm MTP --draft-tokens 2 --device cuda \
+        --model deepseek-v3 --load-format dummy --dtype bfloat16 \
+        --hf-overrides '{"num_hidden_layers": 8, "n_routed_experts": 64}' --out FILE.json
 """
 
 from __future__ import annotations
@@ -26,12 +31,17 @@ import torch
 def run(args: argparse.Namespace, prompts: list[list[int]], spec: bool) -> dict[str, Any]:
     from tokenspeed.runtime import LLM, SamplingParams
 
-    extra = {"speculative_algorithm": "NGRAM",
-             "speculative_num_draft_tokens": args.draft_tokens} if spec else {}  # fmt: skip
+    extra: dict[str, Any] = {}
+    if spec:
+        extra = {"speculative_algorithm": args.algorithm,
+                 "speculative_num_steps": args.draft_tokens - 1,
+                 "speculative_num_draft_tokens": args.draft_tokens}  # fmt: skip
     if args.load_format:
         extra["load_format"] = args.load_format
     if args.dtype:
         extra["dtype"] = args.dtype
+    if args.hf_overrides:
+        extra["hf_overrides"] = json.loads(args.hf_overrides)
     llm = LLM(args.model, device=args.device, max_total_tokens=args.max_total_tokens,
               max_num_seqs=args.batch, **extra)  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
@@ -47,7 +57,7 @@ def run(args: argparse.Namespace, prompts: list[list[int]], spec: bool) -> dict[
     ex = llm.engine.executor
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {
-        "engine": "ngram" if spec else "plain",
+        "engine": args.algorithm.lower() if spec else "plain",
         "seconds": round(seconds, 4),
         "output_tokens_per_s": round(tokens / seconds, 1),
         "steps": llm.engine.num_steps - steps0,
@@ -64,6 +74,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--load-format", default=None, help="dummy: random weights of --model")
     ap.add_argument("--dtype", default=None)
+    ap.add_argument("--hf-overrides", default=None, help="JSON merged into the model config")
+    ap.add_argument("--algorithm", default="NGRAM", choices=("NGRAM", "MTP"))
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -81,22 +93,25 @@ def main() -> None:
     for _ in range(args.repeats):
         for spec in (False, True):
             runs.append(run(args, prompts, spec))
+    name = args.algorithm.lower()
     plain = [r for r in runs if r["engine"] == "plain"]
-    ngram = [r for r in runs if r["engine"] == "ngram"]
+    spec_runs = [r for r in runs if r["engine"] == name]
     same = all(r["tokens"] == plain[0]["tokens"] for r in runs)
-    median = {name: float(np.median([r["output_tokens_per_s"] for r in rs]))
-              for name, rs in (("plain", plain), ("ngram", ngram))}  # fmt: skip
+    median = {engine: float(np.median([r["output_tokens_per_s"] for r in rs]))
+              for engine, rs in (("plain", plain), (name, spec_runs))}  # fmt: skip
     summary = {
         "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
         "model": args.model or "tokenspeed-tiny",
+        "algorithm": args.algorithm,
+        "hf_overrides": args.hf_overrides,
         "num_prompts": args.num_prompts,
         "output_len": args.output_len,
         "draft_tokens": args.draft_tokens,
         "outputs_equal": same,
         "median_tokens_per_s": median,
-        "speedup": round(median["ngram"] / median["plain"], 3),
-        "steps": {"plain": plain[0]["steps"], "ngram": ngram[0]["steps"]},
-        "acceptance": ngram[0]["acceptance"],
+        "speedup": round(median[name] / median["plain"], 3),
+        "steps": {"plain": plain[0]["steps"], name: spec_runs[0]["steps"]},
+        "acceptance": spec_runs[0]["acceptance"],
         "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs],
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
