@@ -304,11 +304,17 @@ class ServerArgs:
         None,
         "speculative",
         "Speculative decoding drafter: NGRAM (prompt lookup: the tokens that followed the "
-        "latest earlier occurrence of the last few tokens; outputs equal plain decoding), "
-        "EAGLE3, MTP.",
+        "latest earlier occurrence of the last few tokens) or MTP (the checkpoint's "
+        "multi-token-prediction layer: DeepSeek-V3/R1). Outputs equal plain decoding.",
         choices=("NGRAM", "EAGLE3", "MTP"),
     )
-    speculative_num_steps: int = option(3, "speculative", "Draft steps per verify.", minimum=1)
+    speculative_num_steps: int = option(
+        3,
+        "speculative",
+        "MTP: runs of the MTP layer per verify, one draft each (speculative_num_draft_tokens "
+        "minus one); NGRAM drafts in one lookup.",
+        minimum=1,
+    )
     speculative_num_draft_tokens: int = option(
         4,
         "speculative",
@@ -339,10 +345,18 @@ class ServerArgs:
             size = getattr(self, name)
             if size is not None and world % size:
                 raise ConfigError(f"{name}={size} does not divide the world size {world}", key=name)
-        if self.speculative_algorithm == "NGRAM" and self.speculative_num_draft_tokens < 2:
+        algorithm, drafts = self.speculative_algorithm, self.speculative_num_draft_tokens
+        if algorithm in ("NGRAM", "MTP") and drafts < 2:
             raise ConfigError(
-                "NGRAM verifies the last token and at least one draft: needs 2 or more",
+                f"{algorithm} verifies the last token and at least one draft: needs 2 or more",
                 key="speculative_num_draft_tokens",
+            )
+        if algorithm == "MTP" and self.speculative_num_steps != drafts - 1:
+            raise ConfigError(
+                f"MTP drafts one token per step: speculative_num_steps "
+                f"({self.speculative_num_steps}) must be speculative_num_draft_tokens ({drafts}) "
+                "minus one",
+                key="speculative_num_steps",
             )
         if self.enable_expert_parallel and world == 1:
             raise ConfigError(
@@ -402,8 +416,8 @@ _NOT_IN_THIS_BUILD: dict[str, tuple[Callable[[ServerArgs], bool], str]] = {
         f"the tool-call parsers built are {', '.join(_BUILT_TOOL_CALL_PARSERS)}",
     ),
     "speculative_algorithm": (
-        lambda a: a.speculative_algorithm not in (None, "NGRAM"),
-        "the speculative decoding built is NGRAM (EAGLE3 and MTP drafters are not)",
+        lambda a: a.speculative_algorithm not in (None, "NGRAM", "MTP"),
+        "the speculative drafters built are NGRAM and MTP (EAGLE3 is not)",
     ),
     "disaggregation_mode": (
         lambda a: a.disaggregation_mode != "null",

@@ -66,6 +66,44 @@ class ForwardOpLike(Protocol):
     block_tables: Any
 
 
+@dataclass
+class SyntheticOp:
+    """A forward op made here, not by the scheduler: profiling, speculative verify views and
+    drafter steps, tests."""
+
+    mode: ForwardMode
+    request_ids: list[str]
+    request_pool_indices: np.ndarray
+    prefix_lens: np.ndarray
+    extend_lens: np.ndarray
+    seq_lens: np.ndarray
+    input_ids: np.ndarray
+    block_tables: np.ndarray
+    sample_mask: np.ndarray
+    sample_counts: np.ndarray | None = None  # see ForwardBatch.sample_counts_np
+    num_decode: int = 0
+    decode_q_len: int = 1  # rows per request of a decode, read as one multi-token query
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.extend_lens)
+
+    @classmethod
+    def prefill(cls, tokens: int, pages: int, page_size: int) -> SyntheticOp:
+        del page_size
+        return cls(
+            mode=ForwardMode.EXTEND,
+            request_ids=["profile"],
+            request_pool_indices=np.zeros(1, np.int32),
+            prefix_lens=np.zeros(1, np.int32),
+            extend_lens=np.array([tokens], np.int32),
+            seq_lens=np.array([tokens], np.int32),
+            input_ids=np.zeros(tokens, np.int32),
+            block_tables=np.arange(pages, dtype=np.int32).reshape(1, -1),
+            sample_mask=np.ones(1, bool),
+        )
+
+
 def sample_mask_of(op: Any) -> np.ndarray:
     """Which requests of the op get a token sampled this step.
 

@@ -15,7 +15,13 @@ import numpy as np
 import torch
 
 from tokenspeed.runtime.cuda_graph_runner import CudaGraphRunner
-from tokenspeed.runtime.forward_batch import ForwardBatch, ForwardMode, make_forward_batch
+from tokenspeed.runtime.drafting import Drafter, StepRecord
+from tokenspeed.runtime.forward_batch import (
+    ForwardBatch,
+    ForwardMode,
+    SyntheticOp,
+    make_forward_batch,
+)
 from tokenspeed.runtime.kv_pool import (
     AnyKVLayout,
     HostKVPool,
@@ -28,6 +34,7 @@ from tokenspeed.runtime.kv_pool import (
 )
 from tokenspeed.runtime.layers.attention import create_attention_backend
 from tokenspeed.runtime.model_loader import HFConfig, load_model
+from tokenspeed.runtime.mtp_drafter import MTPDrafter
 from tokenspeed.runtime.ngram_drafter import NgramDrafter
 from tokenspeed.runtime.sampling import SamplingParams, SamplingState, sample
 
@@ -98,6 +105,7 @@ class StepOutput:
     # speculative decoding: tokens per sampled request (``tokens`` then holds them all, in
     # order, and logprobs follow them); None means one each
     counts: np.ndarray | None = None
+    drafted: np.ndarray | None = None  # [S] drafts each sampled request's block carried
 
 
 class ModelExecutor:
@@ -125,7 +133,8 @@ class ModelExecutor:
         cfg: HFConfig = self.hf_config
         self.max_model_len = int(config.max_model_len or cfg.max_position_embeddings)
         self.page_size = int(config.page_size)
-        self.layout = self._kv_layout(cfg, config.kv_cache_dtype)
+        mtp_layer = self._mtp_layer() if config.speculative_algorithm == "MTP" else None
+        self.layout = self._kv_layout(cfg, config.kv_cache_dtype, int(mtp_layer is not None))
         self.kv_pool = make_kv_pool(self.layout, self._num_device_pages(), self.device)
         pin = self.device.type == "cuda"
         host_pages = config.num_host_pages
@@ -134,14 +143,26 @@ class ModelExecutor:
         self.host_pool = HostKVPool(self.layout, host_pages, pin=pin) if host_pages else None
         self.attn_backend = create_attention_backend(config.attention_backend, self.kv_pool)
         self.sampling = SamplingState(config.max_num_seqs, cfg.vocab_size, self.device)
-        # speculative decoding: n-gram drafts checked by the model itself (NGRAM)
-        self.drafter: NgramDrafter | None = None
+        # speculative decoding: drafts (n-gram lookup or the MTP layer) checked by the model
+        self.drafter: Drafter | None = None
         self.spec_tokens = 1
         if config.speculative_algorithm == "NGRAM":
             self.drafter = NgramDrafter(config.max_num_seqs)
+        elif mtp_layer is not None:
+            self.drafter = MTPDrafter(
+                mtp_layer,
+                self.attn_backend,
+                self.page_size,
+                cfg.hidden_size,
+                self.dtype,
+                self.device,
+                config.max_num_seqs,
+            )
+        if self.drafter is not None:
             self.spec_tokens = int(config.speculative_num_draft_tokens)
         self.spec_drafted = 0  # drafts proposed and accepted so far (stats, tests)
         self.spec_accepted = 0
+        self.spec_blocks = 0  # drafted blocks verified (a request's drafts in one step)
         self.spec_multi_token_steps = 0  # verify steps run as q_len > 1 queries (MLA)
         if self.device.type == "cuda" and not config.disable_cuda_graph:
             self._init_cuda_graphs()
@@ -162,13 +183,26 @@ class ModelExecutor:
         if runner.capture():
             self.graph_runner = runner
 
+    def _mtp_layer(self) -> Any:
+        """The checkpoint's first multi-token-prediction layer (DeepSeek-V3's form)."""
+        layers = getattr(getattr(self.model, "model", None), "mtp_layers", None)
+        if not layers:
+            raise ValueError(
+                "speculative_algorithm MTP drafts with the checkpoint's multi-token-prediction "
+                f"layer, and this {self.hf_config.architecture} checkpoint has none "
+                "(num_nextn_predict_layers and its weights; DeepSeek-V3 and R1 ship one, Kimi K2 "
+                "none)"
+            )
+        return layers[0]
+
     # ---- sizing -------------------------------------------------------------------------
-    def _kv_layout(self, cfg: HFConfig, kv_cache_dtype: str) -> AnyKVLayout:
-        """The model's own cache layout (MLA latent) if it declares one, else paged MHA."""
+    def _kv_layout(self, cfg: HFConfig, kv_cache_dtype: str, draft_layers: int = 0) -> AnyKVLayout:
+        """The model's own cache layout (MLA latent) if it declares one, else paged MHA;
+        ``draft_layers`` more latent layers for an MTP drafter."""
         model_layout = getattr(self.model, "kv_cache_layout", None)
         dtype = self._kv_dtype(kv_cache_dtype, latent=model_layout is not None)
         if model_layout is not None:
-            return model_layout(self.page_size, dtype)
+            return model_layout(self.page_size, dtype, draft_layers=draft_layers)
         return KVLayout(
             num_layers=cfg.num_layers,
             num_kv_heads=cfg.num_kv_heads,
@@ -211,7 +245,7 @@ class ModelExecutor:
         pages = -(-tokens // self.page_size)
         pool = make_kv_pool(self.layout, pages, self.device)
         backend = create_attention_backend(self.config.attention_backend, pool)
-        op = _SyntheticOp.prefill(tokens, pages, self.page_size)
+        op = SyntheticOp.prefill(tokens, pages, self.page_size)
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         self._run_model(op, backend, want_logits=False)
@@ -255,7 +289,8 @@ class ModelExecutor:
     # ---- execution ----------------------------------------------------------------------
     def _run_model(
         self, op: Any, backend: Any, want_logits: bool, allow_graph: bool = False
-    ) -> tuple[ForwardBatch, torch.Tensor | None]:
+    ) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor | None]:
+        """The step's batch, hidden states of every row, and logits of the sampled rows."""
         batch = make_forward_batch(op, self.page_size, self.device, pin=self._pin)
         batch.extras["attn_backend"] = backend
         q_len = int(getattr(op, "decode_q_len", 1))
@@ -270,8 +305,8 @@ class ModelExecutor:
                 backend.init_forward_metadata(batch)
                 hidden = self.model(batch.input_ids, batch.positions, batch)
             if not want_logits or len(batch.sample_rows_np) == 0:
-                return batch, None
-            return batch, self.model.compute_logits(hidden[batch.sample_indices])
+                return batch, hidden, None
+            return batch, hidden, self.model.compute_logits(hidden[batch.sample_indices])
 
     def execute(self, op: Any, return_logits: bool = False) -> StepOutput:
         """Run one forward op; sample every request the op marks as sampled."""
@@ -280,12 +315,23 @@ class ModelExecutor:
         verify: _Verify | None = None
         if self.drafter is not None:
             op, verify = self._with_drafts(op)
-        batch, logits = self._run_model(op, self.attn_backend, want_logits=True, allow_graph=True)
+        batch, hidden, logits = self._run_model(
+            op, self.attn_backend, want_logits=True, allow_graph=True
+        )
         rows = batch.sample_rows_np
         if logits is None:
-            return StepOutput(rows, np.zeros(0, np.int64))
-        if verify is not None:
-            return self._verify(logits, verify)
+            result = StepOutput(rows, np.zeros(0, np.int64))
+        elif verify is not None:
+            result = self._verify(logits, verify)
+        else:
+            result = self._sample(batch, logits, return_logits)
+        if self.drafter is not None:
+            self.drafter.observe(self._step_record(op, verify, result, hidden))
+        return result
+
+    def _sample(self, batch: ForwardBatch, logits: torch.Tensor, return_logits: bool) -> StepOutput:
+        """One token for each sampled request."""
+        rows = batch.sample_rows_np
         slots = batch.pool_indices_np[rows]
         with torch.inference_mode():
             sb = self.sampling.gather(slots)
@@ -294,9 +340,6 @@ class ModelExecutor:
         # The one host sync per step: stop checks and the scheduler need the tokens.
         result = StepOutput(rows, out.tokens.cpu().numpy())
         result.grammar_done = self.sampling.advance_grammars(sb, result.tokens)
-        if self.drafter is not None:
-            for slot, token in zip(slots.tolist(), result.tokens, strict=True):
-                self.drafter.append(slot, np.asarray([token]))
         if out.logprobs is not None:
             result.logprobs = out.logprobs.cpu().numpy()
         if out.top_ids is not None and out.top_logprobs is not None:
@@ -324,25 +367,31 @@ class ModelExecutor:
             return op, None
         assert self.drafter is not None
         pool = np.asarray(op.request_pool_indices, dtype=np.int64)
-        can = self.sampling.speculable(pool[:num_decode])
-        empty = np.zeros(0, dtype=np.int64)
-        drafts = [
-            self.drafter.propose(int(slot), self.spec_tokens - 1) if ok else empty
-            for slot, ok in zip(pool[:num_decode].tolist(), can.tolist(), strict=True)
-        ]
-        lens = np.array([len(d) for d in drafts], dtype=np.int64)
         prefix = np.asarray(op.prefix_lens, dtype=np.int64)
+        tables = np.asarray(op.block_tables)
+        empty = np.zeros(0, dtype=np.int64)
+        drafts = [empty] * num_decode
+        can = np.flatnonzero(self.sampling.speculable(pool[:num_decode]))
+        if len(can):
+            # the pages this step reserved cover every draft's position
+            width = -(-int(prefix[can].max() + self.spec_tokens) // self.page_size)
+            proposed = self.drafter.propose(
+                pool[can], prefix[can], tables[can, :width], self.spec_tokens - 1
+            )
+            for i, d in zip(can.tolist(), proposed, strict=True):
+                drafts[i] = d
+        lens = np.array([len(d) for d in drafts], dtype=np.int64)
         extend = np.asarray(op.extend_lens, dtype=np.int64).copy()
         ids = np.asarray(op.input_ids, dtype=np.int64)
         mask = np.asarray(op.sample_mask, dtype=bool)
-        tables = np.asarray(op.block_tables)
         blocks = [np.concatenate([ids[i : i + 1], drafts[i]]) for i in range(num_decode)]
         if not lens.any():  # the plain decode: one position per decode request
             extend[:num_decode] = 1
-            view = _SyntheticOp(mode, [], pool, prefix, extend, prefix + extend, ids, tables,
-                                mask, num_decode=num_decode)  # fmt: skip
+            view = SyntheticOp(mode, [], pool, prefix, extend, prefix + extend, ids, tables,
+                               mask, num_decode=num_decode)  # fmt: skip
             return view, None
         self.spec_drafted += int(lens.sum())
+        self.spec_blocks += int(np.count_nonzero(lens))
         if mode is ForwardMode.DECODE:
             per = 1 + lens
             q_len = 1
@@ -358,19 +407,22 @@ class ModelExecutor:
             )
             positions = prefix[owner] + within
             rows = len(owner)
-            view = _SyntheticOp(ForwardMode.DECODE, [], pool[owner], positions,
-                                np.ones(rows, np.int64), positions + 1, np.concatenate(blocks),
-                                tables[owner], np.ones(rows, bool), num_decode=rows,
-                                decode_q_len=q_len)  # fmt: skip
-            return view, _Verify(np.arange(num_decode), per, pool[:num_decode], drafts)
+            view = SyntheticOp(ForwardMode.DECODE, [], pool[owner], positions,
+                               np.ones(rows, np.int64), positions + 1, np.concatenate(blocks),
+                               tables[owner], np.ones(rows, bool), num_decode=rows,
+                               decode_q_len=q_len)  # fmt: skip
+            blocks = _Blocks(pool[:num_decode], prefix[:num_decode], per, tables[:num_decode])
+            verify = _Verify(np.arange(num_decode), per, pool[:num_decode], drafts, num_decode)
+            verify.blocks = blocks
+            return view, verify
         extend[:num_decode] = 1 + lens
         counts = np.where(mask, 1, 0).astype(np.int64)
         counts[:num_decode] = 1 + lens
-        view = _SyntheticOp(ForwardMode.EXTEND, [], pool, prefix, extend, prefix + extend,
-                            np.concatenate([*blocks, ids[num_decode:]]), tables, mask,
-                            sample_counts=counts)  # fmt: skip
+        view = SyntheticOp(ForwardMode.EXTEND, [], pool, prefix, extend, prefix + extend,
+                           np.concatenate([*blocks, ids[num_decode:]]), tables, mask,
+                           sample_counts=counts)  # fmt: skip
         sampled = np.flatnonzero(counts)
-        return view, _Verify(sampled, counts[sampled], pool[sampled], drafts)
+        return view, _Verify(sampled, counts[sampled], pool[sampled], drafts, num_decode)
 
     def _verify(self, logits: torch.Tensor, v: _Verify) -> StepOutput:
         """Sample every position of each drafted block and keep the drafts up to the first
@@ -400,20 +452,50 @@ class ModelExecutor:
             self.sampling.record(slots, sb, out.tokens, advance=accepted)
         self.spec_accepted += int((accepted - 1).sum())
         tokens = sampled[keep]
-        result = StepOutput(rows, tokens, counts=accepted)
+        drafted = np.array([len(v.drafts[r]) if r < v.num_decode else 0 for r in rows.tolist()])
+        result = StepOutput(rows, tokens, counts=accepted, drafted=drafted)
         done = self.sampling.advance_grammars(sb, sampled)  # grammar rows are single rows
         if done is not None:
             result.grammar_done = done[starts]
-        assert self.drafter is not None
-        ends = np.cumsum(accepted)
-        for slot, end, n in zip(slots.tolist(), ends.tolist(), accepted.tolist(), strict=True):
-            self.drafter.append(slot, tokens[end - n : end])
         if out.logprobs is not None:
             result.logprobs = out.logprobs.cpu().numpy()[keep]
         if out.top_ids is not None and out.top_logprobs is not None:
             result.top_ids = out.top_ids.cpu().numpy()[keep]
             result.top_logprobs = out.top_logprobs.cpu().numpy()[keep]
         return result
+
+    def _step_record(
+        self, op: Any, verify: _Verify | None, result: StepOutput, hidden: torch.Tensor
+    ) -> StepRecord:
+        """What the drafter learns from the step ``op`` (the view that ran) produced."""
+        blocks = verify.blocks if verify is not None and verify.blocks is not None else None
+        if blocks is None:
+            blocks = _Blocks(
+                np.asarray(op.request_pool_indices, dtype=np.int64),
+                np.asarray(op.prefix_lens, dtype=np.int64),
+                np.asarray(op.extend_lens, dtype=np.int64),
+                np.asarray(op.block_tables),
+            )
+        valid = blocks.rows.copy()
+        empty = np.zeros(0, dtype=np.int64)
+        new_tokens = [empty] * len(valid)
+        counts = result.counts if result.counts is not None else np.ones(len(result.rows), np.int64)
+        ends = np.cumsum(counts)
+        for row, end, n in zip(result.rows.tolist(), ends.tolist(), counts.tolist(), strict=True):
+            new_tokens[row] = result.tokens[end - n : end]
+        if verify is not None:  # a verified block keeps the positions it accepted
+            blocks_rows = result.rows < verify.num_decode
+            valid[result.rows[blocks_rows]] = counts[blocks_rows]
+        return StepRecord(
+            slots=blocks.slots,
+            starts=blocks.starts,
+            valid=valid,
+            row_starts=np.cumsum(blocks.rows) - blocks.rows,
+            new_tokens=new_tokens,
+            tables=blocks.tables,
+            hidden=hidden,
+            decode=ForwardMode.of(op.mode) is ForwardMode.DECODE,
+        )
 
     def write_back(self, device_pages: Any, host_pages: Any) -> None:
         """Copy device pages to the host tier (plan's ``WriteBackOp``)."""
@@ -431,49 +513,26 @@ class ModelExecutor:
 
 
 @dataclass
+class _Blocks:
+    """Each request of the scheduler's op in the view that ran: pool slot, first position,
+    rows in the view (in order) and block table."""
+
+    slots: np.ndarray
+    starts: np.ndarray
+    rows: np.ndarray
+    tables: np.ndarray
+
+
+@dataclass
 class _Verify:
     """A step's drafted blocks: for each sampled request (``rows`` of the scheduler's op),
     its sampled positions (``counts``, in order in the logits), pool slot and drafts (by op
-    row; decode rows only)."""
+    row; the first ``num_decode`` rows only). ``blocks``: the op's requests when the view has
+    a row per position (a decode), else the view's own."""
 
     rows: np.ndarray
     counts: np.ndarray
     slots: np.ndarray
     drafts: list[np.ndarray]
-
-
-@dataclass
-class _SyntheticOp:
-    """A hand-made forward op (profiling, warm-up, tests before a scheduler exists)."""
-
-    mode: ForwardMode
-    request_ids: list[str]
-    request_pool_indices: np.ndarray
-    prefix_lens: np.ndarray
-    extend_lens: np.ndarray
-    seq_lens: np.ndarray
-    input_ids: np.ndarray
-    block_tables: np.ndarray
-    sample_mask: np.ndarray
-    sample_counts: np.ndarray | None = None  # see ForwardBatch.sample_counts_np
-    num_decode: int = 0
-    decode_q_len: int = 1  # rows per request of a decode, read as one multi-token query
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.extend_lens)
-
-    @classmethod
-    def prefill(cls, tokens: int, pages: int, page_size: int) -> _SyntheticOp:
-        del page_size
-        return cls(
-            mode=ForwardMode.EXTEND,
-            request_ids=["profile"],
-            request_pool_indices=np.zeros(1, np.int32),
-            prefix_lens=np.zeros(1, np.int32),
-            extend_lens=np.array([tokens], np.int32),
-            seq_lens=np.array([tokens], np.int32),
-            input_ids=np.zeros(tokens, np.int32),
-            block_tables=np.arange(pages, dtype=np.int32).reshape(1, -1),
-            sample_mask=np.ones(1, bool),
-        )
+    num_decode: int
+    blocks: _Blocks | None = None

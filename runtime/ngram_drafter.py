@@ -14,47 +14,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from tokenspeed.runtime.drafting import StepRecord, TokenHistory
+
 #: match lengths tried, longest first: a longer match predicts better
 MATCH_LENGTHS = (4, 3, 2)
 #: how far back a match is looked for (bounds the per-step cost on very long contexts)
 SEARCH_WINDOW = 32768
 
 
-class NgramDrafter:
+class NgramDrafter(TokenHistory):
     """Per-slot token histories and the drafts they suggest."""
 
-    def __init__(self, capacity: int) -> None:
-        self._tokens: list[np.ndarray | None] = [None] * capacity
-        self._lens = np.zeros(capacity, dtype=np.int64)
-
-    def _grow(self, capacity: int) -> None:
-        self._tokens += [None] * (capacity - len(self._tokens))
-        lens = np.zeros(capacity, dtype=np.int64)
-        lens[: len(self._lens)] = self._lens
-        self._lens = lens
-
-    def install(self, slot: int, tokens: list[int]) -> None:
-        """A request's history (prompt and output so far) now lives in ``slot``."""
-        if slot >= len(self._tokens):
-            self._grow(max(slot + 1, 2 * len(self._tokens)))
-        buf = np.empty(max(64, 2 * len(tokens)), dtype=np.int64)
-        buf[: len(tokens)] = tokens
-        self._tokens[slot] = buf
-        self._lens[slot] = len(tokens)
-
-    def append(self, slot: int, tokens: np.ndarray) -> None:
-        """Tokens the request gained this step."""
-        buf, n = self._tokens[slot], int(self._lens[slot])
-        if buf is None:
-            return
-        if n + len(tokens) > len(buf):
-            bigger = np.empty(2 * (n + len(tokens)), dtype=np.int64)
-            bigger[:n] = buf[:n]
-            buf = self._tokens[slot] = bigger
-        buf[n : n + len(tokens)] = tokens
-        self._lens[slot] = n + len(tokens)
-
-    def propose(self, slot: int, count: int) -> np.ndarray:
+    def propose_one(self, slot: int, count: int) -> np.ndarray:
         """Up to ``count`` tokens that followed the latest earlier occurrence of the history's
         last tokens, the longest match (up to ``MATCH_LENGTHS[0]`` tokens) winning; empty
         when not even the last ``MATCH_LENGTHS[-1]`` tokens occurred before.
@@ -85,3 +56,14 @@ class NgramDrafter:
             return np.zeros(0, dtype=np.int64)
         follow = int(ends[best])
         return hist[follow : follow + count].copy()
+
+    def propose(
+        self, slots: np.ndarray, positions: np.ndarray, tables: np.ndarray, count: int
+    ) -> list[np.ndarray]:
+        """``propose_one`` for each slot (positions and pages are not needed)."""
+        del positions, tables
+        return [self.propose_one(slot, count) for slot in slots.tolist()]
+
+    def observe(self, step: StepRecord) -> None:
+        """The history grows by what each request gained."""
+        self.observe_tokens(step)

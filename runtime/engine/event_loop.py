@@ -453,6 +453,9 @@ class EventLoop:
                     break
             self._out_len[slot] = out_len
             self._slot_out[slot].extend(toks)
+            if result.drafted is not None:
+                req.spec_drafted += int(result.drafted[j])
+                req.spec_accepted += max(0, len(toks) - 1)
             kept += toks
             kept_counts.append(len(toks))
             update = RequestUpdate(req.request_id, toks)
@@ -529,4 +532,5 @@ class EventLoop:
         out["num_unfinished"] = len(self.requests)
         out["spec_draft_tokens"] = self.executor.spec_drafted
         out["spec_accepted_tokens"] = self.executor.spec_accepted
+        out["spec_drafts"] = self.executor.spec_blocks
         return out

@@ -12,7 +12,9 @@ from tokenspeed.runtime.sampling import SamplingParams
 
 @dataclass
 class RequestStats:
-    """The per-request stats line: token counts, cache hits, latencies (ms), preemptions."""
+    """The per-request stats line: token counts, cache hits, latencies (ms), preemptions, and
+    speculative decoding's ``acc_len`` (output tokens per decode step, 1 without drafts) and
+    ``acc_rate`` (drafts accepted / drafted)."""
 
     prompt_tokens: int = 0
     cache_tokens: int = 0
@@ -25,6 +27,8 @@ class RequestStats:
     preempt_ms: float = 0.0
     preempt_count: int = 0
     decode_tps: float = 0.0
+    acc_len: float = 1.0
+    acc_rate: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -57,6 +61,8 @@ class Request:
     finished_at: float | None = None
     stats: RequestStats | None = None
     grammar: RequestGrammar | None = None  # structured outputs: the output's matcher
+    spec_drafted: int = 0  # speculative decoding: drafts verified for it, and kept
+    spec_accepted: int = 0
 
     @property
     def finished(self) -> bool:
@@ -84,6 +90,9 @@ class Request:
             preempt_ms=float(_field(scheduler_stats, ("preempt_ms", "preempted_ms"), 0.0)),
             preempt_count=int(_field(scheduler_stats, ("preempt_count", "num_preemptions"), 0)),
             decode_tps=(n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0,
+            # each step after the first token gave one token plus the drafts it accepted
+            acc_len=(n_out - 1) / (n_out - 1 - self.spec_accepted) if n_out > 1 else 1.0,
+            acc_rate=self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0,
         )
         return self.stats
 

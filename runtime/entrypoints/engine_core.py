@@ -185,6 +185,7 @@ class EngineCore:
             "unfinished_requests": int(raw.get("num_unfinished", 0)),
             "spec_draft_tokens": int(raw.get("spec_draft_tokens", 0)),
             "spec_accepted_tokens": int(raw.get("spec_accepted_tokens", 0)),
+            "spec_drafts": int(raw.get("spec_drafts", 0)),
             "scheduler": raw,
             **({"kernels": _kernel_selections()} if detail else {}),
             **({"live": self.live.view(self.loop)} if live else {}),

@@ -68,6 +68,8 @@ class EngineStatsCollector(Collector):
                       "decoding).", s.get("spec_draft_tokens", 0))  # fmt: skip
         yield counter("spec_decode_num_accepted_tokens", "Drafted tokens the model accepted.",
                       s.get("spec_accepted_tokens", 0))  # fmt: skip
+        yield counter("spec_decode_num_drafts", "Drafted blocks verified (one request's drafts "
+                      "in one step).", s.get("spec_drafts", 0))  # fmt: skip
 
 
 class ServerMetrics:

@@ -23,7 +23,7 @@ The router GEMM runs in float32, as the reference does.
 Multi-token prediction: the official V3 checkpoint stores ``num_nextn_predict_layers`` extra
 layers as ``model.layers.{num_hidden_layers + i}.*`` (a decoder layer plus ``enorm``,
 ``hnorm``, ``eh_proj``, ``shared_head.{norm,head}`` and its own ``embed_tokens``). They load
-into ``model.mtp_layers[i]`` and are kept, not run, for speculative decoding. A checkpoint
+into ``model.mtp_layers[i]``; the first drafts for ``--speculative-algorithm MTP``. A checkpoint
 without them (transformers' own save format) drops them after loading; an override of
 ``num_nextn_predict_layers: 0`` skips them.
 """
@@ -274,10 +274,10 @@ class DeepseekSharedHead(nn.Module):
 
 
 class DeepseekMTPLayer(DeepseekDecoderLayer):
-    """A multi-token-prediction layer's weights, held for speculative decoding (not run here).
+    """A multi-token-prediction layer: the drafter of ``--speculative-algorithm MTP``.
 
-    Its attention's ``layer_id`` is ``num_hidden_layers + i``: a drafter running it needs a
-    KV layer of its own beyond the target model's.
+    Its attention's ``layer_id`` is ``num_hidden_layers + i``: it needs a KV layer of its own
+    beyond the target model's (``kv_cache_layout(..., draft_layers=1)``).
     """
 
     def __init__(self, cfg: HFConfig, mc: MLAConfig, layer_id: int, rotary: RotaryEmbedding):
@@ -288,9 +288,30 @@ class DeepseekMTPLayer(DeepseekDecoderLayer):
         self.eh_proj = Linear(2 * cfg.hidden_size, cfg.hidden_size)
         self.shared_head = DeepseekSharedHead(cfg)
 
+    def predict(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """Its own hidden state at each position, from the target's final ``hidden`` there
+        and the token after it (``input_ids``), as DeepSeek-V3 trained it:
+        ``eh_proj([enorm(embed(token)) | hnorm(hidden)])`` through one decoder layer and the
+        shared head's norm. ``compute_logits`` of it predicts the token after ``input_ids``;
+        fed back as ``hidden`` with that guess, it predicts one further."""
+        x = torch.cat((self.enorm(self.embed_tokens(input_ids)), self.hnorm(hidden)), dim=-1)
+        out, residual = super().forward(positions, self.eh_proj(x), None, batch)
+        out, _ = self.shared_head.norm(out, residual)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the shared head for the rows given."""
+        return self.shared_head.head(hidden)
+
 
 class DeepseekModel(ModelBody):
-    """Embedding, decoder layers, final norm; the MTP layers ride along unused."""
+    """Embedding, decoder layers, final norm; the MTP layers run only as a drafter."""
 
     def __init__(self, cfg: HFConfig, mc: MLAConfig, max_positions: int) -> None:
         super().__init__()
@@ -325,10 +346,13 @@ class DeepseekV2ForCausalLM(CausalLM):
         self.model = DeepseekModel(cfg, self.mc, max_positions)
         self._init_lm_head(cfg)
 
-    def kv_cache_layout(self, page_size: int, dtype: torch.dtype) -> MLALayout:
-        """The latent cache this model needs: ``kv_lora_rank + qk_rope_head_dim`` per token."""
+    def kv_cache_layout(
+        self, page_size: int, dtype: torch.dtype, draft_layers: int = 0
+    ) -> MLALayout:
+        """The latent cache this model needs: ``kv_lora_rank + qk_rope_head_dim`` per token,
+        for its layers and ``draft_layers`` MTP layers run as a drafter."""
         return MLALayout(
-            num_layers=self.config.num_layers,
+            num_layers=self.config.num_layers + draft_layers,
             kv_lora_rank=self.mc.kv_lora_rank,
             rope_dim=self.mc.qk_rope_head_dim,
             page_size=page_size,
@@ -375,7 +399,8 @@ class DeepseekV2ForCausalLM(CausalLM):
 
     def _after_loading(self, loaded: dict[str, set[str]]) -> None:
         """MTP layers absent from the checkpoint are dropped (with a log line) rather than
-        reported missing: transformers' own checkpoints never contain them."""
+        reported missing: transformers' own checkpoints never contain them. Present ones share
+        the model's embedding and LM head where the checkpoint repeats them."""
         if len(self.model.mtp_layers) and not any(
             n.startswith("model.mtp_layers.") for n in loaded
         ):
@@ -384,6 +409,13 @@ class DeepseekV2ForCausalLM(CausalLM):
                 len(self.model.mtp_layers),
             )
             self.model.mtp_layers = nn.ModuleList()
+        for mtp in self.model.mtp_layers:
+            # DeepSeek's checkpoints repeat the model's embedding and LM head in each MTP layer
+            # (1.85 GB each for V3 in bf16): hold one copy when they are the same
+            if torch.equal(mtp.embed_tokens.weight, self.model.embed_tokens.weight):
+                mtp.embed_tokens.weight = self.model.embed_tokens.weight
+            if torch.equal(mtp.shared_head.head.weight, self.lm_head.weight):
+                mtp.shared_head.head.weight = self.lm_head.weight
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):

@@ -1,9 +1,9 @@
 """DeepSeek (MLA) model on a GPU: the Triton MLA kernels and CUDA-graph decode inside the model.
 
-Skipped without CUDA (and under ``TRITON_INTERPRET=1``). Runs through the executor only (no
-scheduler): a tiny float32 V3 checkpoint against transformers on CPU; an FP8 latent cache;
-the DeepSeek-V3 shapes (128 heads, 512 + 64 latent) with dummy weights in bf16, graph decode
-equal to eager decode.
+Skipped without CUDA (and under ``TRITON_INTERPRET=1``). A tiny float32 V3 checkpoint against
+transformers on CPU, through the executor alone and, for NGRAM and MTP speculative decoding,
+through the engine; an FP8 latent cache; the DeepSeek-V3 shapes (128 heads, 512 + 64 latent)
+with dummy weights in bf16, graph decode equal to eager decode.
 """
 
 from __future__ import annotations
@@ -67,6 +67,42 @@ def test_tiny_v3_ngram_speculative_on_cuda(tiny_v3):
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16))
     assert [o.outputs[0].token_ids for o in outs] == ref_tokens
     assert llm.engine.executor.spec_multi_token_steps > 0
+
+
+def test_tiny_v3_mtp_speculative_on_cuda(tiny_v3, tmp_path):
+    """The MTP drafter on the GPU (its layer's chain as absorbed one-row decodes, its own
+    pool layer, the target's CUDA-graph decode between): transformers' greedy tokens, and
+    every request's drafts and their hidden states equal the layer run from scratch."""
+    from runtime_helpers import hf_model
+    from test_deepseek import MTP, _hf_mtp_layer, _mtp_reference, _with_mtp
+
+    from tokenspeed.runtime import LLM, SamplingParams
+
+    path, prompts, (ref_tokens, _) = tiny_v3
+    extra = _with_mtp(path, tmp_path / "mtp")
+    hf = hf_model(tmp_path / "mtp")
+    layer = _hf_mtp_layer(hf, extra)
+    llm = LLM(str(tmp_path / "mtp"), device="cuda", page_size=64, max_total_tokens=8192,
+              enable_prefix_caching=False, **MTP)  # fmt: skip
+    drafter = llm.engine.executor.drafter
+    real, seen = drafter.propose, []
+
+    def propose(slots, positions, tables, count):
+        got = real(slots, positions, tables, count)
+        for slot, drafts in zip(slots.tolist(), got, strict=True):
+            if len(drafts):
+                hist = drafter.history.tokens(slot).tolist()
+                seen.append((hist, drafts.tolist(), drafter.carry[slot].float().cpu()))
+        return got
+
+    drafter.propose = propose
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16))
+    assert [o.outputs[0].token_ids for o in outs] == ref_tokens
+    assert llm.engine.executor.spec_multi_token_steps > 0 and len(seen) > 20
+    for hist, drafts, first in seen:
+        want, states = _mtp_reference(hf, layer, extra, hist, len(drafts))
+        assert drafts == want
+        torch.testing.assert_close(first, states[0], atol=2e-3, rtol=0)
 
 
 def test_tiny_v3_fp8_latent_cache_on_cuda(tiny_v3):

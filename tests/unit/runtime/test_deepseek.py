@@ -257,8 +257,11 @@ def test_mla_pool_layout_and_host_round_trip():
         assert torch.equal(got.view(torch.uint8)[3], want[5])
 
 
-def _with_mtp(src: Path, dst: Path, drop: str | None = None) -> dict[str, torch.Tensor]:
-    """Copy a checkpoint and add one MTP layer as the official V3 checkpoint stores it."""
+def _with_mtp(
+    src: Path, dst: Path, drop: str | None = None, repeat_head: bool = False
+) -> dict[str, torch.Tensor]:
+    """Copy a checkpoint and add one MTP layer as the official V3 checkpoint stores it (with
+    ``repeat_head``, its embedding and head are the model's, as DeepSeek ships them)."""
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())
     cfg["num_nextn_predict_layers"] = 1
@@ -275,15 +278,29 @@ def _with_mtp(src: Path, dst: Path, drop: str | None = None) -> dict[str, torch.
         ("shared_head.norm.weight", (h,)),
         ("shared_head.head.weight", (vocab, h)),
     ]:
-        extra[f"model.layers.{layer}.{name}"] = torch.randn(shape, generator=g)
+        scale = 0.08 if len(shape) == 2 else 0.1
+        extra[f"model.layers.{layer}.{name}"] = (
+            1.0 * (len(shape) == 1) + torch.randn(shape, generator=g) * scale
+        )
     from safetensors import safe_open
 
     with safe_open(str(src / "model.safetensors"), "pt") as f:
         for name in f.keys():  # noqa: SIM118
-            if name.startswith(f"model.layers.{layer - 1}."):  # a MoE layer's tensors
-                extra[name.replace(f"layers.{layer - 1}.", f"layers.{layer}.")] = (
-                    f.get_tensor(name) + 0.5
-                )
+            if name.startswith(f"model.layers.{layer - 1}."):  # a MoE layer's shapes, redrawn
+                like = f.get_tensor(name)
+                if like.dim() >= 2:
+                    new = torch.randn(like.shape, generator=g) * 0.08
+                elif "norm" in name:
+                    new = torch.rand(like.shape, generator=g) * 0.4 + 0.8
+                else:
+                    new = torch.randn(like.shape, generator=g) * 0.05
+                extra[name.replace(f"layers.{layer - 1}.", f"layers.{layer}.")] = new
+    if repeat_head:
+        with safe_open(str(src / "model.safetensors"), "pt") as f:
+            extra[f"model.layers.{layer}.embed_tokens.weight"] = f.get_tensor(
+                "model.embed_tokens.weight"
+            )
+            extra[f"model.layers.{layer}.shared_head.head.weight"] = f.get_tensor("lm_head.weight")
     if drop:
         extra.pop(drop)
     save_file(extra, str(dst / "mtp.safetensors"))
@@ -309,6 +326,13 @@ def test_mtp_layer_weights_are_held(ds_checkpoints, ds_prompts, ds_references, t
     # Held, not run: generation is unchanged.
     outs = make_llm(tmp_path / "mtp").generate(ds_prompts[:2], GREEDY)
     assert tokens_of(outs) == ds_references["v3"][0][:2]
+    assert mtp.embed_tokens.weight is not model.model.embed_tokens.weight
+    # The embedding and head DeepSeek repeats in the MTP layer are held once.
+    _with_mtp(ds_checkpoints["v3"], tmp_path / "repeated", repeat_head=True)
+    repeated = load_model(tmp_path / "repeated")[0]
+    (mtp,) = repeated.model.mtp_layers
+    assert mtp.embed_tokens.weight is repeated.model.embed_tokens.weight
+    assert mtp.shared_head.head.weight is repeated.lm_head.weight
     # A checkpoint without MTP tensors (transformers' format) holds none.
     assert len(load_model(ds_checkpoints["v3"])[0].model.mtp_layers) == 0
     # An incomplete MTP layer is a clear error.
@@ -370,3 +394,169 @@ def test_ngram_speculative_decoding_keeps_parity(
     mixed = make_llm(ds_checkpoints[variant], speculative_algorithm="NGRAM",
                      chunked_prefill_size=16, enable_mixed_batch=True, max_num_seqs=4)  # fmt: skip
     assert tokens_of(mixed.generate(ds_prompts, GREEDY)) == ds_references[variant][0]
+
+
+# ---- MTP speculative decoding -------------------------------------------------------------
+MTP = dict(speculative_algorithm="MTP", speculative_num_steps=3, speculative_num_draft_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def ds_mtp(ds_checkpoints, tmp_path_factory) -> dict[str, tuple[Path, dict[str, torch.Tensor]]]:
+    """Each variant with one MTP layer (random: its drafts are rarely right)."""
+    root = tmp_path_factory.mktemp("deepseek-mtp")
+    return {v: (root / v, _with_mtp(path, root / v)) for v, path in ds_checkpoints.items()}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_mtp_speculative_decoding_keeps_parity(ds_mtp, ds_prompts, ds_references, variant):
+    """MTP drafts verified as multi-token decode queries and in mixed steps: the tokens and
+    logprobs of plain decoding, with the MTP layer's latents in a pool layer of their own."""
+    path = ds_mtp[variant][0]
+    llm = make_llm(path, **MTP)
+    outs = llm.generate(ds_prompts, GREEDY)
+    assert tokens_of(outs) == ds_references[variant][0]
+    assert_logprobs_match(outs, ds_references[variant][1])
+    ex = llm.engine.executor
+    assert ex.kv_pool.layout.num_layers == 3 + 1
+    assert ex.spec_drafted > 0 and ex.spec_multi_token_steps > 0
+    mixed = make_llm(path, **MTP, chunked_prefill_size=16, enable_mixed_batch=True, max_num_seqs=4)
+    assert tokens_of(mixed.generate(ds_prompts, GREEDY)) == ds_references[variant][0]
+
+
+def _hf_mtp_layer(hf: torch.nn.Module, extra: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The MTP layer's decoder block as a transformers layer (a copy of the last one, loaded
+    with the MTP tensors)."""
+    import copy
+
+    layer = copy.deepcopy(hf.model.layers[-1])
+    prefix = f"model.layers.{hf.config.num_hidden_layers}."
+    own = ("embed_tokens.", "enorm.", "hnorm.", "eh_proj.", "shared_head.")
+    state = {
+        k.removeprefix(prefix): v
+        for k, v in extra.items()
+        if not k.removeprefix(prefix).startswith(own)
+    }
+    experts = len(layer.mlp.experts.gate_up_proj)  # the checkpoint's per-expert tensors, fused
+    one = [{p: state.pop(f"mlp.experts.{e}.{p}_proj.weight") for p in ("gate", "up", "down")}
+           for e in range(experts)]  # fmt: skip
+    state["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([x["gate"], x["up"]]) for x in one])
+    state["mlp.experts.down_proj"] = torch.stack([x["down"] for x in one])
+    layer.load_state_dict(state, strict=True)
+    return layer
+
+
+def _mtp_reference(
+    hf: torch.nn.Module, layer: torch.nn.Module, extra: dict[str, torch.Tensor],
+    tokens: list[int], count: int,
+) -> tuple[list[int], list[torch.Tensor]]:  # fmt: skip
+    """Drafts (and the MTP layer's hidden state that gave each) after ``tokens`` from scratch: transformers' final hidden states of the target,
+    then the MTP layer over the whole sequence (causal), one row more per draft, each row
+    ``eh_proj([enorm(embed(next token)) | hnorm(hidden)])``, the shared head's norm and head."""
+    w = {
+        k.removeprefix(f"model.layers.{hf.config.num_hidden_layers}."): v for k, v in extra.items()
+    }
+    eps = hf.config.rms_norm_eps
+
+    def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    with torch.no_grad():
+        hidden = list(hf.model(torch.tensor([tokens[:-1]])).last_hidden_state[0])
+        nexts = list(tokens[1:])
+        drafts: list[int] = []
+        states: list[torch.Tensor] = []
+        for _ in range(count):
+            emb = w["embed_tokens.weight"][torch.tensor(nexts)]
+            x = torch.cat(
+                [rms(emb, w["enorm.weight"]), rms(torch.stack(hidden), w["hnorm.weight"])], -1
+            )
+            x = (x @ w["eh_proj.weight"].T)[None]
+            n = x.shape[1]
+            pos = torch.arange(n)[None]
+            mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+            out = layer(x, attention_mask=mask, position_ids=pos,
+                        position_embeddings=hf.model.rotary_emb(x, pos))  # fmt: skip
+            out = out[0] if isinstance(out, tuple) else out
+            g = rms(out[0, -1], w["shared_head.norm.weight"])
+            drafts.append(int((g @ w["shared_head.head.weight"].T).argmax()))
+            states.append(g)
+            nexts.append(drafts[-1])
+            hidden.append(g)
+    return drafts, states
+
+
+def test_mtp_drafts_equal_a_from_scratch_reference(ds_mtp, ds_prompts, ds_references):
+    """Every proposal, and the MTP layer's hidden state behind each draft, equals the layer
+    run from scratch over the whole sequence, through chunked prefill, a conversation's turns
+    hitting its own earlier pages, retraction with a host tier, and verified blocks that kept
+    some drafts: the engine is fed the right next tokens as two of its three drafts, so blocks
+    are accepted in part and the MTP layer's cache must follow the kept positions only.
+
+    (Requests that diverge right after a shared page are left out: that page's last MTP entry
+    saw one request's next token, so the others' drafts are near, not equal, to scratch.)"""
+    path, extra = ds_mtp["v3"]
+    hf = hf_model(path)
+    layer = _hf_mtp_layer(hf, extra)
+    ref_tokens = ds_references["v3"][0]
+    seen: list[tuple[list[int], list[int], list[torch.Tensor]]] = []
+
+    def record(llm: LLM, feed: bool = True) -> None:
+        drafter = llm.engine.executor.drafter
+        real = drafter.propose
+
+        def propose(slots, positions, tables, count):
+            chain: list[torch.Tensor] = []  # the hidden state of each further draft
+            predict = drafter.layer.predict
+            drafter.layer.predict = lambda *a: chain.append(predict(*a)) or chain[-1]
+            try:
+                got = real(slots, positions, tables, count)
+            finally:
+                del drafter.layer.predict
+            fed, ready = [], 0
+            for slot, pos, drafts in zip(slots.tolist(), positions.tolist(), got, strict=True):
+                hist = drafter.history.tokens(slot).tolist()
+                assert len(hist) == pos + 1
+                if len(drafts):
+                    states = [drafter.carry[slot], *(c[ready] for c in chain)]
+                    seen.append((hist, drafts.tolist(), [x.clone() for x in states]))
+                    ready += 1
+                i = max((i for i, p in enumerate(ds_prompts) if hist[: len(p)] == p),
+                        key=lambda i: len(ds_prompts[i]))  # fmt: skip
+                done = len(hist) - len(ds_prompts[i])
+                right = ref_tokens[i][done : done + 2]
+                fed.append(np.array([*right, (right[-1] + 1) % 320] if right else [], np.int64))
+            return fed if feed else got
+
+        drafter.propose = propose
+
+    chunked = make_llm(path, **MTP, chunked_prefill_size=16, enable_prefix_caching=False)
+    record(chunked)
+    assert tokens_of(chunked.generate(ds_prompts, GREEDY)) == ref_tokens
+    ex = chunked.engine.executor
+    assert ex.spec_accepted > 0 and ex.spec_accepted < ex.spec_drafted
+    # a conversation: each turn is the last one, its answer and a few new tokens
+    turns = make_llm(path, **MTP, enable_prefix_caching=True)
+    record(turns, feed=False)
+    conversation = list(ds_prompts[0])
+    for turn in range(3):
+        (out,) = turns.generate([conversation], SamplingParams(temperature=0.0, max_tokens=6))
+        assert out.metrics.cache_tokens >= (len(conversation) - 12 if turn else 0)
+        conversation += [*out.outputs[0].token_ids, 7 + turn, 11, 13]
+    # prompts sharing no page, so that retraction resumes from pages only they wrote
+    retracting = make_llm(path, **MTP, max_total_tokens=120, enable_prefix_caching=True,
+                          host_kv_cache_memory=4 << 20)  # fmt: skip
+    record(retracting)
+    outs = retracting.generate(ds_prompts[1::2], GREEDY)
+    assert tokens_of(outs) == ref_tokens[1::2]
+    assert retracting.engine.stats()["num_preemptions"] > 0
+    assert len(seen) > 50
+    for hist, drafts, states in seen:
+        want, want_states = _mtp_reference(hf, layer, extra, hist, len(drafts))
+        assert drafts == want, hist
+        torch.testing.assert_close(torch.stack(states), torch.stack(want_states), atol=1e-4, rtol=0)
+
+
+def test_mtp_needs_an_mtp_layer(ds_checkpoints, checkpoints):
+    for path in (ds_checkpoints["v3"], checkpoints["llama"]):
+        with pytest.raises(ValueError, match="multi-token-prediction layer"):
+            make_llm(path, **MTP)

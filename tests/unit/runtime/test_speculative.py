@@ -38,13 +38,13 @@ def tokens_of(outs) -> list[list[int]]:
 def test_drafter_proposes_what_followed_the_latest_match():
     d = NgramDrafter(2)
     d.install(1, [5, 6, 7, 8, 9, 1, 2, 5, 6, 7])
-    assert d.propose(1, 3).tolist() == [8, 9, 1]  # "5 6 7" was followed by 8 9 1
+    assert d.propose_one(1, 3).tolist() == [8, 9, 1]  # "5 6 7" was followed by 8 9 1
     d.append(1, np.array([3, 5, 6, 7]))
-    assert d.propose(1, 2).tolist() == [3, 5]  # the latest occurrence wins
+    assert d.propose_one(1, 2).tolist() == [3, 5]  # the latest occurrence wins
     d.install(0, [1, 2, 3, 4])
-    assert d.propose(0, 4).tolist() == []  # nothing repeats
+    assert d.propose_one(0, 4).tolist() == []  # nothing repeats
     d.install(0, [9, 4, 9, 4, 9])
-    assert d.propose(0, 8).tolist() == [4, 9]  # at most what the history holds
+    assert d.propose_one(0, 8).tolist() == [4, 9]  # at most what the history holds
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -142,12 +142,20 @@ def test_grammar_rows_share_a_drafted_step():
     assert spec.engine.executor.spec_drafted > 0
 
 
-def test_ngram_options():
-    args = build_server_args({"speculative_algorithm": "NGRAM"})
-    assert args.unsupported_options() == []
-    assert build_server_args({"speculative_algorithm": "MTP"}).unsupported_options()
-    with pytest.raises(ConfigError, match="speculative_num_draft_tokens"):
-        build_server_args({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 1})
+def test_speculative_options():
+    assert build_server_args({"speculative_algorithm": "NGRAM"}).unsupported_options() == []
+    assert build_server_args({"speculative_algorithm": "MTP"}).unsupported_options() == []
+    (eagle,) = build_server_args({"speculative_algorithm": "EAGLE3"}).unsupported_options()
+    assert "EAGLE3 is not" in eagle
+    for algorithm in ("NGRAM", "MTP"):
+        with pytest.raises(ConfigError, match="speculative_num_draft_tokens"):
+            build_server_args({"speculative_algorithm": algorithm,
+                               "speculative_num_draft_tokens": 1, "speculative_num_steps": 1})  # fmt: skip
+    # MTP's chain is one draft per step (the recipes' steps = 1, draft tokens = 2)
+    with pytest.raises(ConfigError, match="speculative_num_steps"):
+        build_server_args({"speculative_algorithm": "MTP", "speculative_num_draft_tokens": 2})
+    mtp = {"speculative_algorithm": "MTP", "speculative_num_steps": 1}
+    assert build_server_args({**mtp, "speculative_num_draft_tokens": 2}).unsupported_options() == []
 
 
 def _reference_proposal(tokens: list[int], count: int) -> list[int]:
@@ -169,4 +177,4 @@ def test_drafter_matches_its_reference(tokens, count):
     d = NgramDrafter(1)
     d.install(0, tokens[: len(tokens) // 2])
     d.append(0, np.asarray(tokens[len(tokens) // 2 :], dtype=np.int64))
-    assert d.propose(0, count).tolist() == _reference_proposal(tokens, count)
+    assert d.propose_one(0, count).tolist() == _reference_proposal(tokens, count)
