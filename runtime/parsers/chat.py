@@ -11,15 +11,19 @@ from tokenspeed.runtime.parsers.tool_calls import ToolCallParser
 class ChatOutputParser:
     """Turns output text into message fields: `reasoning_content`, `content`, `tool_calls`.
 
-    Streamed (``push`` per text delta, ``finish`` at the end) it returns delta fields, each
-    tool call with its index; whole (``message``) it returns the message's fields. Either
+    Streamed (``push`` per text delta, ``finish`` at the end) it returns delta fields, tool
+    calls as indexed deltas (name first, then arguments as written); whole (``message``) it
+    returns the message's fields. Either
     parser may be absent; reasoning comes first, and only the answer is searched for calls.
     """
 
     def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None) -> None:
         self.reasoning = reasoning
         self.tools = tools
-        self.num_calls = 0
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.tools.calls) if self.tools else 0
 
     def push(self, text: str) -> dict[str, Any]:
         reasoning, content = self.reasoning.push(text) if self.reasoning else ("", text)
@@ -29,9 +33,11 @@ class ChatOutputParser:
         """The held-back rest, once the output has ended."""
         reasoning, content = self.reasoning.flush() if self.reasoning else ("", "")
         delta = self._delta(reasoning, content)
-        tail = self.tools.flush() if self.tools else ""
+        tail, calls = self.tools.flush() if self.tools else ("", [])
         if tail:
             delta["content"] = delta.get("content", "") + tail
+        if calls:
+            delta["tool_calls"] = delta.get("tool_calls", []) + calls
         return delta
 
     def _delta(self, reasoning: str, content: str) -> dict[str, Any]:
@@ -44,8 +50,7 @@ class ChatOutputParser:
         if content:
             delta["content"] = content
         if calls:
-            delta["tool_calls"] = [{"index": self.num_calls + k, **c} for k, c in enumerate(calls)]
-            self.num_calls += len(calls)
+            delta["tool_calls"] = calls
         return delta
 
     def finish_reason(self, reason: str) -> str:
@@ -59,8 +64,7 @@ class ChatOutputParser:
         if self.reasoning:
             message["reasoning_content"] = reasoning
         if self.tools and content:
-            message["content"], calls = self.tools.parse(content)
+            message["content"], calls = self.tools.read(content)
             if calls:
                 message["tool_calls"] = calls
-                self.num_calls = len(calls)
         return message, self.finish_reason(finish)

@@ -10,8 +10,8 @@ Each family marks a call with its own tags, and some wrap all of an answer's cal
   ``<|tool_call_argument_begin|>ARGUMENTS<|tool_call_end|>`` ... ``<|tool_calls_section_end|>``.
 
 Text before the first call is the message's content. Streamed, content flows until a call
-opens; each call is sent whole once it closes (clients accumulate `tool_calls` deltas either
-way). Where the tags are special tokens (DeepSeek, Kimi), the server keeps special tokens in
+opens; a call's name is sent as soon as it is written and its arguments stream as the model
+writes them (clients accumulate `tool_calls` deltas by index), as in vLLM. Where the tags are special tokens (DeepSeek, Kimi), the server keeps special tokens in
 such requests' text so the parser can see them (``needs_special_tokens``).
 """
 
@@ -42,12 +42,23 @@ def _arguments_text(arguments: Any) -> str:
 
 class ToolCallParser(abc.ABC):
     """Finds calls between ``CALL_START`` and ``CALL_END``, inside ``SECTION`` (start, end)
-    when the family wraps its calls in one; ``parse_call`` reads one call's body. A fresh
-    parser per sequence. A body that is not a call stays in the answer as text."""
+    when the family wraps its calls in one. A fresh parser per sequence.
+
+    A call is opened as soon as its ``header`` (name, id, where the arguments start) can be
+    read: from then on it is a call, whatever follows, and its arguments stream as written,
+    less a tail that may still turn out to be the call's closing (``ARGS_HELD``), with
+    ``final_arguments`` cutting the closing off once the call ends (or the output does). A
+    body whose header never shows is read whole at its end by ``parse_call``; if that finds
+    no call either, it stays in the answer as text.
+
+    ``push`` returns OpenAI tool-call deltas: a call's first delta has its index, id, type and
+    name; the next ones add to its arguments. ``calls`` holds the calls as sent so far."""
 
     CALL_START, CALL_END = "<tool_call>", "</tool_call>"
     SECTION: tuple[str, str] | None = None
     needs_special_tokens = False
+    #: characters held back at the end of streamed arguments (they may be the call's closing)
+    ARGS_HELD = " \t\r\n"
 
     def __init__(self) -> None:
         # "content": looking for the first call (or section); "section": between calls;
@@ -56,11 +67,22 @@ class ToolCallParser(abc.ABC):
         self._scan = self._scanner()
         self._body = ""  # the open call's text so far
         self.calls: list[dict[str, Any]] = []
+        self._open: dict[str, Any] | None = None  # the call whose arguments are streaming
+        self._args_at = 0  # where its arguments start in ``_body``
         # Once a call (or the section) has begun, text is held: ``_extra`` is the text outside
         # calls (content, kept if anything but whitespace); ``_raw`` is everything as written,
         # returned as plain content if no call comes of it.
         self._extra = ""
         self._raw = ""
+
+    def header(self, body: str) -> tuple[str, str | None, int] | None:
+        """``(name, call id or None, where the arguments start)`` once the open call's text
+        so far shows them; None before that, or where the family's calls are read whole."""
+        return None
+
+    def final_arguments(self, raw: str) -> str:
+        """A finished call's arguments, from the text after its header."""
+        return raw.strip()
 
     @abc.abstractmethod
     def parse_call(self, body: str) -> dict[str, Any] | None:
@@ -79,14 +101,40 @@ class ToolCallParser(abc.ABC):
             return TagScanner(self.CALL_START, self.SECTION[1])
         return TagScanner(self.SECTION[0])
 
+    def _try_open(self) -> list[dict[str, Any]]:
+        """Open the call once its header shows: its first delta."""
+        found = self.header(self._body)
+        if found is None:
+            return []
+        name, call_id, self._args_at = found
+        self._open = tool_call(name, "", call_id)
+        self.calls.append(self._open)
+        return [{"index": len(self.calls) - 1, **self._open, "function": {"name": name,
+                                                                           "arguments": ""}}]  # fmt: skip
+
+    def _release(self, final: bool) -> list[dict[str, Any]]:
+        """The open call's arguments not sent yet (all of them once it has ended)."""
+        assert self._open is not None
+        raw = self._body[self._args_at :]
+        text = self.final_arguments(raw) if final else raw.lstrip().rstrip(self.ARGS_HELD)
+        sent = self._open["function"]["arguments"]
+        if len(text) <= len(sent) or not text.startswith(sent):
+            return []
+        self._open["function"]["arguments"] = text
+        return [{"index": len(self.calls) - 1, "function": {"arguments": text[len(sent) :]}}]
+
     def push(self, text: str) -> tuple[str, list[dict[str, Any]]]:
-        """Add content text; return (content to release, calls completed by it)."""
-        content, done = "", []
+        """Add content text; return (content to release, tool-call deltas)."""
+        content, deltas = "", []
         while text:
             holding = self._holding
             before, found = self._scan.push(text)
             if self._state == "call":
                 self._body += before
+                if self._open is None:
+                    deltas += self._try_open()
+                if self._open is not None and not found:
+                    deltas += self._release(final=False)
             elif holding:
                 self._extra += before
             else:
@@ -94,19 +142,13 @@ class ToolCallParser(abc.ABC):
             if holding and not self.calls:
                 self._raw += before
             if not found:
-                return content, done
+                return content, deltas
             tag = self._scan.found or ""
             text = self._scan.take_rest()
             if not self.calls:
                 self._raw += tag
             if self._state == "call":  # the call closed
-                body, self._body = self._body, ""
-                call = self.parse_call(body)
-                if call is not None:
-                    self.calls.append(call)
-                    done.append(call)
-                else:  # not a call after all: it stays text
-                    self._extra += self.CALL_START + body + self.CALL_END
+                deltas += self._close()
                 self._state = "section" if self.SECTION else "content"
             elif tag == self.CALL_START:
                 self._raw = self._raw if holding else tag
@@ -119,35 +161,61 @@ class ToolCallParser(abc.ABC):
                 content += self._raw
                 self._raw = self._extra = ""
             self._scan = self._scanner()
-        return content, done
+        return content, deltas
 
-    def flush(self) -> str:
-        """At the end: text that was held back, or a call that never closed, as content."""
+    def _close(self) -> list[dict[str, Any]]:
+        """The call's end: the rest of a streaming call, or the whole body read at once."""
+        body, self._body = self._body, ""
+        if self._open is not None:
+            self._body = body
+            deltas = self._release(final=True)
+            self._open, self._body = None, ""
+            return deltas
+        call = self.parse_call(body)
+        if call is None:  # not a call after all: it stays text
+            self._extra += self.CALL_START + body + self.CALL_END
+            return []
+        self.calls.append(call)
+        return [{"index": len(self.calls) - 1, **call}]
+
+    def flush(self) -> tuple[str, list[dict[str, Any]]]:
+        """At the end: text that was held back (or a call that never closed and never showed
+        its header) as content, and the rest of a call cut short."""
         held = self._scan.flush()
         self._raw += held
+        deltas: list[dict[str, Any]] = []
         if self._state == "call":
-            self._extra += self.CALL_START + self._body + held
+            if self._open is None:  # (held is the start of the end tag: not the call's)
+                deltas += self._try_open()
+            if self._open is not None:
+                deltas += self._release(final=True)
+            else:
+                self._extra += self.CALL_START + self._body + held
         elif self._holding:
             self._extra += held
         else:
             self._raw = held
-        self._state, self._body = "content", ""
+        self._state, self._body, self._open = "content", "", None
         self._scan = self._scanner()
         if not self.calls:
             out, self._raw, self._extra = self._raw, "", ""
-            return out
+            return out, deltas
         out, self._raw, self._extra = self._extra.strip(), "", ""
-        return out
+        return out, deltas
+
+    def read(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """A whole answer as (content or None, tool calls), through this parser."""
+        content, _ = self.push(text)
+        tail, _ = self.flush()
+        content += tail
+        if self.calls:
+            content = content.strip()
+        return (content or None), self.calls
 
     @classmethod
     def parse(cls, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """A whole answer as (content or None, tool calls)."""
-        parser = cls()
-        content, calls = parser.push(text)
-        content += parser.flush()
-        if calls:
-            content = content.strip()
-        return (content or None), calls
+        return cls().read(text)
 
 
 def _json_call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any] | None:
@@ -156,8 +224,28 @@ def _json_call(name: str, arguments: Any, call_id: str | None = None) -> dict[st
     return tool_call(name, _arguments_text(arguments), call_id)
 
 
+_HERMES_HEADER = re.compile(
+    r'^\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*'
+)
+
+
 class HermesToolParser(ToolCallParser):
-    """Hermes / Qwen2.5 / Qwen3: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``."""
+    """Hermes / Qwen2.5 / Qwen3: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``.
+    The arguments stream once ``{"name": ..., "arguments":`` is written (in that order);
+    the object's closing brace is held back until the call ends."""
+
+    ARGS_HELD = " \t\r\n}"
+
+    def header(self, body: str) -> tuple[str, str | None, int] | None:
+        match = _HERMES_HEADER.match(body)
+        if match is None:
+            return None
+        name = json.loads(match.group(1))
+        return (name, None, match.end()) if name else None
+
+    def final_arguments(self, raw: str) -> str:
+        text = raw.strip()
+        return text[:-1].rstrip() if text.endswith("}") else text
 
     def parse_call(self, body: str) -> dict[str, Any] | None:
         try:
@@ -185,12 +273,28 @@ def _valid_json(text: str) -> str | None:
     return text
 
 
+_DS_V3_HEADER = re.compile(
+    r"^\s*function" + re.escape(_DS_SEP) + r"([^\n]+)\n\s*```(?:json)?[ \t]*\n"
+)
+_CLOSING_FENCE = re.compile(r"\s*```\s*$")
+
+
 class DeepSeekV3ToolParser(ToolCallParser):
-    """DeepSeek-V3 / R1: ``function<｜tool▁sep｜>NAME`` and the arguments in a ```json fence."""
+    """DeepSeek-V3 / R1: ``function<｜tool▁sep｜>NAME`` and the arguments in a ```json fence
+    (they stream once the fence opens; backticks at the end are held: the fence may close)."""
 
     CALL_START, CALL_END = _DS_CALL
     SECTION = _DS_CALLS
     needs_special_tokens = True
+    ARGS_HELD = " \t\r\n`"
+
+    def header(self, body: str) -> tuple[str, str | None, int] | None:
+        match = _DS_V3_HEADER.match(body)
+        name = match.group(1).strip() if match else ""
+        return (name, None, match.end()) if match and name else None
+
+    def final_arguments(self, raw: str) -> str:
+        return _CLOSING_FENCE.sub("", raw).strip()
 
     def parse_call(self, body: str) -> dict[str, Any] | None:
         kind, sep, rest = body.partition(_DS_SEP)
@@ -211,6 +315,11 @@ class DeepSeekV31ToolParser(ToolCallParser):
     SECTION = _DS_CALLS
     needs_special_tokens = True
 
+    def header(self, body: str) -> tuple[str, str | None, int] | None:
+        name, sep, arguments = body.partition(_DS_SEP)
+        name = name.strip()
+        return (name, None, len(body) - len(arguments)) if sep and name else None
+
     def parse_call(self, body: str) -> dict[str, Any] | None:
         name, sep, arguments = body.partition(_DS_SEP)
         checked = _valid_json(arguments.strip()) if sep else None
@@ -229,6 +338,13 @@ class KimiK2ToolParser(ToolCallParser):
     SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
     ARGUMENTS = "<|tool_call_argument_begin|>"
     needs_special_tokens = True
+
+    def header(self, body: str) -> tuple[str, str | None, int] | None:
+        call_id, sep, arguments = body.partition(self.ARGUMENTS)
+        match = _KIMI_ID.match(call_id) if sep else None
+        if match is None:
+            return None
+        return match.group(1), call_id.strip(), len(body) - len(arguments)
 
     def parse_call(self, body: str) -> dict[str, Any] | None:
         call_id, sep, arguments = body.partition(self.ARGUMENTS)

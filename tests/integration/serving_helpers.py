@@ -1,4 +1,5 @@
-"""Starting the real `tokenspeed serve` process for integration tests, and looking at it.
+"""Starting the real `tokenspeed serve` process for integration tests, and looking at it (and
+at what it streams).
 
 The subprocess inherits the environment, including the private model cache that
 tests/conftest.py sets.
@@ -14,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -120,3 +122,16 @@ def no_whitespace_bias() -> dict[str, int]:
     tok = Tokenizer.from_dir(ensure_tiny_model())
     spaced = [i for i in range(tok.vocab_size) if any(c.isspace() for c in tok.decode([i]))]
     return {str(i): -100 for i in spaced}
+
+
+def accumulate_tool_calls(deltas: list[Any]) -> list[dict[str, str]]:
+    """Streamed `tool_calls` deltas joined as a client joins them: by index, the first delta
+    of a call with its id and name, the rest adding to its arguments."""
+    calls: list[dict[str, str]] = []
+    for tc in (tc for d in deltas for tc in d.tool_calls or []):
+        if tc.index == len(calls):
+            assert tc.id and tc.type == "function" and tc.function.name
+            calls.append({"id": tc.id, "name": tc.function.name, "arguments": ""})
+        assert tc.index == len(calls) - 1  # calls arrive one after another
+        calls[-1]["arguments"] += tc.function.arguments or ""
+    return calls

@@ -11,10 +11,11 @@ tokens in the text of requests whose tool-call parser needs them.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import openai
 import pytest
-from serving_helpers import MODEL, scheduler_built
+from serving_helpers import MODEL, accumulate_tool_calls, scheduler_built
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -55,7 +56,8 @@ def test_kimi_calls_after_thinking(client: openai.OpenAI, stream: bool) -> None:
             deltas = [c.choices[0].delta for c in chunks if c.choices]
             got_reasoning = "".join(d.model_dump().get("reasoning_content") or "" for d in deltas)
             got_content = "".join(d.content or "" for d in deltas) or None
-            calls = [tc for d in deltas for tc in d.tool_calls or []]
+            calls = [SimpleNamespace(id=c["id"], function=SimpleNamespace(**c))
+                     for c in accumulate_tool_calls(deltas)]  # fmt: skip
             finish = chunks[-1].choices[0].finish_reason
         else:
             message = r.choices[0].message

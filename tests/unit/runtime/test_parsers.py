@@ -146,16 +146,54 @@ def test_deepseek_tool_calls():
     content, calls = DeepSeekV3ToolParser.parse(DS_V3_OUTPUTS[0])
     assert content == "Let me look."
     assert args_of(calls) == [("get_weather", {"city": "Paris"}), ("get_time", {})]
-    bad = DS_V3_OUTPUTS[1]
-    assert DeepSeekV3ToolParser.parse(bad) == (bad, [])  # no call came of it: all text
+    # a call whose header was written is a call, its arguments as written (as OpenAI's may be)
+    content, calls = DeepSeekV3ToolParser.parse(DS_V3_OUTPUTS[1])
+    assert content is None and calls[0]["function"] == {
+        "name": "get_weather",
+        "arguments": "not json",
+    }
     content, calls = DeepSeekV31ToolParser.parse(DS_V31_OUTPUTS[0])
     assert content == "ok" and args_of(calls) == [
         ("get_weather", {"city": "Paris"}),
         ("get_time", {}),
     ]
-    assert DeepSeekV31ToolParser.parse(DS_V31_OUTPUTS[1]) == (DS_V31_OUTPUTS[1], [])
+    content, calls = DeepSeekV31ToolParser.parse(DS_V31_OUTPUTS[1])
+    assert content == "trailing" and calls[0]["function"]["arguments"] == "{bad"
+    cut = DS_V3_OUTPUTS[3]  # the name never ended: no call
+    assert DeepSeekV3ToolParser.parse(cut) == (cut, [])
     # a V3.1 call is not a V3 call (no "function" kind, no fence)
     assert DeepSeekV3ToolParser.parse(DS_V31_OUTPUTS[0])[1] == []
+
+
+WRITE = '{"path": "a.md", "body": "x = {1} ```py``` `"}'  # braces and fences inside
+
+
+@pytest.mark.parametrize(
+    ("tools", "text"),
+    [
+        (HermesToolParser, f'<tool_call>\n{{"name": "write", "arguments": {WRITE}}}\n</tool_call>'),
+        (DeepSeekV3ToolParser, f"{DS_BEGIN}{ds_v3_call('write', WRITE)}{DS_END}"),
+        (DeepSeekV31ToolParser, f"{DS_BEGIN}{ds_v31_call('write', WRITE)}{DS_END}"),
+        (KimiK2ToolParser, f"{KIMI_BEGIN}{kimi_call('write', WRITE)}{KIMI_END}"),
+    ],
+)  # fmt: skip
+def test_arguments_stream_before_the_call_ends(tools, text):
+    """Character by character: the name goes out as soon as it is written, the arguments as
+    they come (all but a possible closing), and together they are the whole parse's call."""
+    parser, calls, sent = tools(), [], []
+    for ch in text:
+        content, deltas = parser.push(ch)
+        accumulate(calls, {"tool_calls": deltas})
+        sent.append(calls[0]["function"]["arguments"] if calls else None)
+    tail, deltas = parser.flush()
+    accumulate(calls, {"tool_calls": deltas})
+    _, whole = tools.parse(text)
+    assert [c["function"] for c in calls] == [c["function"] for c in whole]
+    arguments = whole[0]["function"]["arguments"]
+    json.loads(arguments)
+    # before the end tag, all of the arguments but their last character had gone out
+    end = text.index(tools.CALL_END)
+    assert sent[end - 1] is not None and len(sent[end - 1]) >= len(arguments) - 1
 
 
 def test_kimi_k2_tool_calls():
@@ -176,6 +214,17 @@ def whole(text: str, reasoning, tools) -> tuple[dict, str]:
     return parser.message(text, "stop")
 
 
+def accumulate(calls: list[dict], delta: dict) -> None:
+    """A client's view: a call's first delta has its id and name, later ones add arguments."""
+    for d in delta.get("tool_calls", []):
+        if d["index"] == len(calls):
+            assert d["id"] and d["type"] == "function" and d["function"]["name"]
+            calls.append({"id": d["id"], "function": dict(d["function"])})
+        else:
+            assert d["index"] == len(calls) - 1 and set(d) == {"index", "function"}
+            calls[-1]["function"]["arguments"] += d["function"]["arguments"]
+
+
 def streamed(pieces: list[str], reasoning, tools) -> tuple[dict, str]:
     parser = ChatOutputParser(reasoning() if reasoning else None, tools() if tools else None)
     fields: dict = {}
@@ -184,8 +233,7 @@ def streamed(pieces: list[str], reasoning, tools) -> tuple[dict, str]:
         for key in ("reasoning_content", "content"):
             if key in delta:
                 fields[key] = fields.get(key, "") + delta[key]
-        calls += delta.get("tool_calls", [])
-    assert [c["index"] for c in calls] == list(range(len(calls)))
+        accumulate(calls, delta)
     return {**fields, "tool_calls": calls}, parser.finish_reason("stop")
 
 
