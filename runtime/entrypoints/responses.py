@@ -6,7 +6,8 @@ function `tools` the chat tools, `text.format` the response format, `max_output_
 limit. The chat answer's reasoning, text and tool calls come back as output items (`reasoning`,
 `message`, `function_call`), whole or as Responses' typed stream events. A response is kept in
 memory (`store`, the default; the last `ResponseStore.CAPACITY`) so that `previous_response_id`
-can continue it and `GET /v1/responses/{id}` can return it. What the API offers that this
+can continue it, `GET /v1/responses/{id}` can return it and `GET .../input_items` can list
+its input. What the API offers that this
 server cannot do (built-in tools, background runs, truncation, logprobs) is a 400.
 """
 
@@ -17,6 +18,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -261,27 +263,56 @@ def chat_request(
 # ---- the stored responses -----------------------------------------------------------------
 
 
+def input_item_objects(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as OpenAI lists it back (`input_items`): each item with an id,
+    message text as parts."""
+    raw = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    out = []
+    for item in raw:
+        kind = item.get("type", "message")
+        obj = {"id": item.get("id") or _id(_ITEM_ID_PREFIX.get(kind, "item")), **item,
+               "type": kind}  # fmt: skip
+        if kind == "message":
+            if isinstance(obj["content"], str):
+                part = "output_text" if obj["role"] == "assistant" else "input_text"
+                obj["content"] = [{"type": part, "text": obj["content"]}]
+            obj.setdefault("status", "completed")
+        out.append(obj)
+    return out
+
+
+_ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+                   "reasoning": "rs"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A stored response, the conversation it ends (chat messages, for
+    `previous_response_id`) and its own input items (for `input_items`)."""
+
+    response: dict[str, Any]
+    conversation: list[dict[str, Any]]
+    inputs: list[dict[str, Any]]
+
+
 class ResponseStore:
-    """The last responses (their object and the conversation they end), for
-    `previous_response_id` and GET; oldest dropped first. Shared by the event loop's tasks;
-    the lock only guards the dict."""
+    """The last responses, for `previous_response_id`, GET and `input_items`; oldest dropped
+    first. Shared by the event loop's tasks; the lock only guards the dict."""
 
     CAPACITY = 1024
 
     def __init__(self) -> None:
-        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+    def put(self, stored: StoredResponse) -> None:
         with self._lock:
-            self._items[response["id"]] = (response, conversation)
+            self._items[stored.response["id"]] = stored
             while len(self._items) > self.CAPACITY:
                 self._items.popitem(last=False)
 
-    def get(
-        self, response_id: str, param: str = "response_id"
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The response and its conversation; a 404 naming ``param`` if it is not kept."""
+    def get(self, response_id: str, param: str = "response_id") -> StoredResponse:
+        """The stored response; a 404 naming ``param`` if it is not kept."""
         with self._lock:
             found = self._items.get(response_id)
         if found is None:
@@ -408,7 +439,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     state.check_model(body.model)
     store = _store(request)
     previous = body.previous_response_id
-    history = store.get(previous, "previous_response_id")[1] if previous else []
+    history = store.get(previous, "previous_response_id").conversation if previous else []
     chat_body, conversation = chat_request(body, history)
     run = chat.start(chat_body, rid_prefix="resp")
     builder = ResponseBuilder(body, state)
@@ -423,13 +454,48 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     usage = builder.usage(result["usage"], message.get("reasoning_content") or "")
     response = builder.object("incomplete" if finish == "length" else "completed", output, usage)
     if body.store:
-        store.put(response, conversation + answer_messages(output))
+        inputs = input_item_objects(body)
+        store.put(StoredResponse(response, conversation + answer_messages(output), inputs))
     return JSONResponse(response)
 
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request) -> dict[str, Any]:
-    return _store(request).get(response_id)[0]
+    return _store(request).get(response_id).response
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    limit: int = 20,
+    order: str = "desc",
+    after: str | None = None,
+    before: str | None = None,
+) -> dict[str, Any]:
+    """A stored response's input items, newest first unless ``order=asc``, ``limit`` (1 to
+    100) at a time after (or before) the item ``after`` (``before``) names."""
+    if not 1 <= limit <= 100:
+        raise OpenAIError("limit must be between 1 and 100", param="limit")
+    if order not in ("asc", "desc"):
+        raise OpenAIError('order must be "asc" or "desc"', param="order")
+    items = list(_store(request).get(response_id).inputs)
+    if order == "desc":
+        items.reverse()
+    ids = [item["id"] for item in items]
+    for name, cursor in (("after", after), ("before", before)):
+        if cursor is not None and cursor not in ids:
+            raise OpenAIError(f"no input item {cursor!r} in this response", param=name)
+    start = ids.index(after) + 1 if after is not None else 0
+    end = ids.index(before) if before is not None else len(items)
+    page = items[start:end][:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": start + len(page) < end,
+    }
 
 
 @router.delete("/v1/responses/{response_id}")
@@ -573,5 +639,6 @@ async def _stream(
     usage = builder.usage(chat_usage, reasoning) if chat_usage else None
     response = builder.object(status, out.output, usage)
     if builder.body.store:
-        store.put(response, conversation + answer_messages(out.output))
+        inputs = input_item_objects(builder.body)
+        store.put(StoredResponse(response, conversation + answer_messages(out.output), inputs))
     yield out.event(f"response.{status}", response=response)

@@ -78,6 +78,18 @@ def test_input_items_and_a_continued_conversation(client: openai.OpenAI, server:
     ]  # fmt: skip
     third = client.responses.create(model=MODEL, input=items, max_output_tokens=6)
     assert third.usage.input_tokens == second.usage.input_tokens
+    # its input items, listed back with ids (newest first by default), a page at a time
+    listed = client.responses.input_items.list(third.id, order="asc")
+    assert [(i.type, i.role, i.content[0].text) for i in listed.data] == [
+        ("message", "user", "Hi"), ("message", "assistant", answer), ("message", "user", "And then?")
+    ]  # fmt: skip
+    newest = client.responses.input_items.list(third.id, limit=2)
+    assert [i.content[0].text for i in newest.data] == ["And then?", answer] and newest.has_more
+    rest = client.responses.input_items.list(third.id, limit=2, after=newest.data[-1].id)
+    assert [i.content[0].text for i in rest.data] == ["Hi"] and not rest.has_more
+    assert [i.content[0].text for i in client.responses.input_items.list(second.id).data] == [
+        "And then?"
+    ]  # a continued response lists its own input
     # stored: GET returns it, DELETE forgets it
     got = client.responses.retrieve(first.id)
     assert got.id == first.id and got.output_text == answer
@@ -191,3 +203,16 @@ def test_bad_requests_are_openai_errors(server: Server, body: dict, status: int,
     assert r.status_code == status, r.text
     assert words in r.json()["error"]["message"]
     assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+
+
+def test_bad_input_item_listings_are_openai_errors(client: openai.OpenAI, server: Server):
+    r = client.responses.create(model=MODEL, input="x", max_output_tokens=2)
+    url = f"{server.url}/v1/responses"
+    for path, params, status, param in [
+        ("resp_nope/input_items", {}, 404, "response_id"),
+        (f"{r.id}/input_items", {"limit": 0}, 400, "limit"),
+        (f"{r.id}/input_items", {"order": "up"}, 400, "order"),
+        (f"{r.id}/input_items", {"after": "msg_nope"}, 400, "after"),
+    ]:
+        got = httpx.get(f"{url}/{path}", params=params, timeout=10)
+        assert got.status_code == status and got.json()["error"]["param"] == param, got.text
