@@ -124,6 +124,7 @@ def test_offline(tmp_path: Path) -> None:
     assert r["output_throughput"] == pytest.approx(20 / r["elapsed_s"])
     assert r["request_throughput"] == pytest.approx(4 / r["elapsed_s"])
     assert r["engine_stats"]["ttft_ms"] > 0
+    assert r["engine_stats"]["acc_len"] == 1.0  # no drafts: one token per step
     assert [s["output_tokens"] for s in r["request_stats"]] == [5] * 4
 
 

@@ -24,7 +24,7 @@ from tokenspeed_cli.console import console, fail
 from tokenspeed_cli.server_flags import server_args_command
 
 ENGINE_STATS = ("queue_ms", "prefill_ms", "ttft_ms", "total_ms", "decode_tps", "cache_hit_rate",
-                "preempt_count")  # fmt: skip
+                "preempt_count", "acc_len", "acc_rate")  # fmt: skip
 
 
 def engine_stat_means(stats: list[Any]) -> dict[str, float]:
