@@ -137,9 +137,15 @@ def mla_decode(
     output is zero). Split-KV count and query folding are chosen from shapes; ``workspace``
     (a byte buffer of at least ``mla_decode_plan(...).workspace_bytes``) makes the call
     allocation-free for CUDA graphs. ``max_seq_len`` is an optional host-side bound on
-    ``seq_lens`` that only steers the split heuristic.
+    ``seq_lens`` that only steers the split heuristic. ``seq_lens`` and ``block_tables``
+    may be strided views (a speculative batch's per-request rows); one whose elements are
+    not adjacent is copied contiguous first, an allocation.
     """
     sel = _decode_call(query, kv_cache, block_tables, kv_lora_rank, max_seq_len)
+    if seq_lens.stride(0) != 1:  # the kernels index lengths by request
+        seq_lens = seq_lens.contiguous()
+    if block_tables.stride(1) != 1:  # and each table's pages by position
+        block_tables = block_tables.contiguous()
     return sel.run(
         query,
         kv_cache,

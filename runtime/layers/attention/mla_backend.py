@@ -56,6 +56,16 @@ def _ragged(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return owner, np.arange(total, dtype=np.int64) - starts[owner]
 
 
+def _requests_of_rows(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, q_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A speculative decode batch holds ``q_len`` consecutive rows per request, row j at
+    ``seq_len - q_len + j``; the kernel reads one ``q_len``-token query per request: its
+    first row's table and its last row's length (made contiguous once per forward, not once
+    per layer)."""
+    return block_tables[::q_len], seq_lens[q_len - 1 :: q_len].contiguous()
+
+
 class MLAAttentionBackend(PagedAttentionBackend):
     """Stores latents with ``mla_store_kv``; prefill decompressed, decode absorbed."""
 
@@ -78,6 +88,11 @@ class MLAAttentionBackend(PagedAttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         super().init_forward_metadata(batch)
         if batch.mode.is_decode():
+            q_len = int(batch.extras.get("decode_q_len", 1))
+            if q_len > 1:
+                batch.extras["mla_requests"] = _requests_of_rows(
+                    batch.block_tables, batch.seq_lens, q_len
+                )
             return
         dev = batch.input_ids.device
         seq, prefix = batch.seq_lens_np, batch.prefix_lens_np
@@ -171,8 +186,8 @@ class MLAAttentionBackend(PagedAttentionBackend):
         cache, scale = self.kv_pool.layer_cache(layer.layer_id)
         block_tables, seq_lens, _ = batch.attn_metadata
         q_len = int(batch.extras.get("decode_q_len", 1))
-        if q_len > 1:  # rows j of a block sit at seq_len - q_len + j: the kernel's layout
-            block_tables, seq_lens = block_tables[::q_len], seq_lens[q_len - 1 :: q_len]
+        if q_len > 1:
+            block_tables, seq_lens = batch.extras["mla_requests"]
         with self._forced():
             out = mla.mla_decode(
                 q.reshape(-1, q_len, *q.shape[1:]),

@@ -52,6 +52,25 @@ def test_decode_causal_block_splits_pages(dtype, page_size, q_len, splits):
     torch.testing.assert_close(lse.double(), exp_lse, **TOL[dtype])
 
 
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_decode_reads_strided_lengths_and_tables(q_len):
+    """A speculative batch hands the op per-request views of its per-row metadata (every
+    ``q_len``-th table, the last length of each block): strided, yet read by request."""
+    rank, rope, heads = 32, 16, 4
+    seq = [q_len + 2, 45, 70]
+    cache, tables = paged_latent(seq, 16, rank + rope, torch.float32, seed=7)
+    rows_tables = tables.repeat_interleave(q_len, 0)  # one row per query token, as the runtime
+    rows_lens = torch.tensor(seq, dtype=torch.int32).repeat_interleave(q_len)
+    rows_lens += torch.arange(len(seq) * q_len, dtype=torch.int32) % q_len - (q_len - 1)
+    q = torch.randn(len(seq), q_len, heads, rank + rope)
+    with kernel_override("mla.decode", "triton"):
+        out = M.mla_decode(
+            q, cache, rows_tables[::q_len], rows_lens[q_len - 1 :: q_len], 0.25, kv_lora_rank=rank
+        )  # fmt: skip
+    exp, _ = decode64(q, cache, tables, seq, 0.25, rank)
+    torch.testing.assert_close(out.double(), exp, **TOL[torch.float32])
+
+
 @pytest.mark.parametrize(
     "heads,q_len,fold",
     [(16, 4, None), (16, 4, 1), (16, 4, 2), (40, 3, None), (4, 2, 2), (24, 2, 1)],

@@ -11,6 +11,7 @@ weights.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -394,6 +395,20 @@ def test_ngram_speculative_decoding_keeps_parity(
     mixed = make_llm(ds_checkpoints[variant], speculative_algorithm="NGRAM",
                      chunked_prefill_size=16, enable_mixed_batch=True, max_num_seqs=4)  # fmt: skip
     assert tokens_of(mixed.generate(ds_prompts, GREEDY)) == ds_references[variant][0]
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the Triton MLA kernels run on CPU in Triton's interpreter (the MLA tests turn it on)",
+)
+def test_ngram_blocks_through_the_triton_decode(ds_checkpoints, ds_prompts, ds_references):
+    """The portable Triton decode (what GPUs without the CuTe kernels run) reads a verify
+    step's per-request views of its per-row tables and lengths: transformers' tokens."""
+    llm = make_llm(ds_checkpoints["v3"], speculative_algorithm="NGRAM", attention_backend="triton",
+                   page_size=16)  # fmt: skip
+    outs = llm.generate(ds_prompts, GREEDY)
+    assert tokens_of(outs) == ds_references["v3"][0]
+    assert llm.engine.executor.spec_multi_token_steps > 0
 
 
 # ---- MTP speculative decoding -------------------------------------------------------------
