@@ -224,15 +224,18 @@ def _json_call(name: str, arguments: Any, call_id: str | None = None) -> dict[st
     return tool_call(name, _arguments_text(arguments), call_id)
 
 
+# streams only an object's arguments; a model that writes them as a JSON string gets the
+# string's text at the call's end (json.loads of the whole body), not the escaped literal
 _HERMES_HEADER = re.compile(
-    r'^\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*'
+    r'^\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
 )
 
 
 class HermesToolParser(ToolCallParser):
     """Hermes / Qwen2.5 / Qwen3: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``.
-    The arguments stream once ``{"name": ..., "arguments":`` is written (in that order);
-    the object's closing brace is held back until the call ends."""
+    Object arguments stream once ``{"name": ..., "arguments": {`` is written (in that
+    order); the outer object's closing brace is held back until the call ends. Arguments
+    written as a JSON string are read with the whole call at its end."""
 
     ARGS_HELD = " \t\r\n}"
 

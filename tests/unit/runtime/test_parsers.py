@@ -35,6 +35,8 @@ OUTPUTS = [
     f"<think>call a tool</think>{CALL}\n{CALL.replace('Paris', 'Rome')}",
     "<tool_call>not json</tool_call> after",
     '<tool_call>{"name": "cut',
+    # arguments written as a JSON string: the call carries the string's text, streamed or not
+    '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>',
     "",
     "<th",
 ]
@@ -119,6 +121,9 @@ def test_hermes_tool_calls():
     bad = "<tool_call>not json</tool_call>"
     assert HermesToolParser.parse(bad) == (bad, [])  # kept as text, not dropped
     assert HermesToolParser.parse('<tool_call>{"name": "x"')[1] == []  # cut short: text
+    # arguments written as a JSON string are that string's JSON, not its escaped literal
+    quoted = '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>'
+    assert HermesToolParser.parse(quoted)[1][0]["function"]["arguments"] == '{"x": 1}'
 
 
 def test_reasoning_switches_and_implicit_ends():
