@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from tokenspeed.runtime.forward_batch import ForwardMode
+from tokenspeed.runtime.forward_batch import ForwardMode, SyntheticOp
 
 VOCAB = 320
 
@@ -109,23 +108,8 @@ def make_prompts(seed: int = 0, count: int = 8) -> list[list[int]]:
     return prompts
 
 
-@dataclass
-class Op:
-    """A hand-built forward op with the scheduler's field names."""
-
-    mode: ForwardMode
-    request_ids: list[str]
-    request_pool_indices: np.ndarray
-    prefix_lens: np.ndarray
-    extend_lens: np.ndarray
-    seq_lens: np.ndarray
-    input_ids: np.ndarray
-    block_tables: np.ndarray
-    sample_mask: np.ndarray
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.request_ids)
+# a hand-built forward op with the scheduler's field names
+Op = SyntheticOp
 
 
 def run_without_scheduler(
