@@ -5,6 +5,12 @@ model forward with a single launch. Inputs live in static buffers; a real batch 
 padded rows point at the KV pool's scratch page (so they never touch live pages), and the
 first ``n`` rows of the static output are the result. Any capture failure (an op that syncs
 the host, say) disables graphs with a warning instead of failing the engine.
+
+A runner with ``q_len > 1`` holds speculative verify steps of a backend with
+``multi_token_decode`` (MLA): every request is ``q_len`` consecutive rows, read as one
+``q_len``-token query; its buckets count requests, and a padded request reads ``q_len``
+tokens of the scratch page. The executor allocates the backend's static metadata once, for
+its largest runner, so runners never swap buffers under each other's captured graphs.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ def graph_buckets(max_bs: int) -> list[int]:
 
 
 class CudaGraphRunner:
-    """Holds one captured decode graph per bucket and replays the smallest that fits."""
+    """Holds one captured decode graph per bucket (in rows) and replays the smallest that fits."""
 
     def __init__(
         self,
@@ -41,6 +47,8 @@ class CudaGraphRunner:
         max_pages_per_req: int,
         hidden_size: int,
         dtype: torch.dtype,
+        q_len: int = 1,
+        pool: Any = None,
     ) -> None:
         self.model = model
         self.backend = backend
@@ -48,7 +56,8 @@ class CudaGraphRunner:
         self.device = kv_pool.device
         self.max_bs = max_bs
         self.max_pages = max_pages_per_req
-        self.buckets = graph_buckets(max_bs)
+        self.q_len = q_len
+        self.buckets = [b * q_len for b in graph_buckets(max(1, max_bs // q_len))]
         dev = self.device
         scratch_slot = kv_pool.scratch_page * kv_pool.page_size
         self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
@@ -59,8 +68,8 @@ class CudaGraphRunner:
         self.output = torch.zeros(max_bs, hidden_size, dtype=dtype, device=dev)
         self.scratch_slot = scratch_slot
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool: Any = None
-        backend.init_cuda_graph_state(max_bs, max_pages_per_req)
+        self.pool: Any = pool  # graph memory, shareable: runners never replay at once
+        self.replays = 0  # graph launches so far (tests)
 
     def _static_batch(self, bs: int) -> ForwardBatch:
         zeros = np.zeros(bs, np.int64)
@@ -82,6 +91,8 @@ class CudaGraphRunner:
             pool_indices_np=zeros,
         )
         batch.extras["attn_backend"] = self.backend
+        if self.q_len > 1:
+            batch.extras["decode_q_len"] = self.q_len
         self.backend.init_forward_metadata_capture_cuda_graph(batch)
         return batch
 
@@ -116,7 +127,8 @@ class CudaGraphRunner:
         return (
             bool(self.graphs)
             and batch.mode is ForwardMode.DECODE
-            and batch.batch_size <= self.max_bs
+            and int(batch.extras.get("decode_q_len", 1)) == self.q_len
+            and batch.batch_size <= self.buckets[-1]
             and batch.block_tables.shape[1] <= self.max_pages
         )
 
@@ -131,6 +143,9 @@ class CudaGraphRunner:
             self.input_ids[n:bs].zero_()
             self.positions[n:bs].zero_()
             self.slot_mapping[n:bs].fill_(self.scratch_slot)
-        self.backend.init_forward_metadata_replay_cuda_graph(bs, batch.block_tables, batch.seq_lens)
+        self.backend.init_forward_metadata_replay_cuda_graph(
+            bs, batch.block_tables, batch.seq_lens, q_len=self.q_len
+        )
         self.graphs[bs].replay()
+        self.replays += 1
         return self.output[:n]

@@ -121,6 +121,7 @@ class ModelExecutor:
         self.pages_written_back = 0  # counters for stats and tests
         self.pages_loaded_back = 0
         self.graph_runner: CudaGraphRunner | None = None
+        self.verify_graph_runner: CudaGraphRunner | None = None  # multi-token verify (MLA)
         self.model, self.hf_config, self.dtype = load_model(
             config.model_path,
             dtype=config.dtype,
@@ -168,20 +169,25 @@ class ModelExecutor:
             self._init_cuda_graphs()
 
     def _init_cuda_graphs(self) -> None:
+        """Decode graphs, and with speculative decoding on a ``multi_token_decode`` backend
+        (MLA) graphs of verify steps whose blocks are ``spec_tokens``-token queries."""
         # a speculative verify step decodes one row per drafted position
         rows = self.config.max_num_seqs * self.spec_tokens
         max_bs = int(self.config.cuda_graph_max_bs or min(rows, 256))
-        runner = CudaGraphRunner(
-            self.model,
-            self.attn_backend,
-            self.kv_pool,
-            max_bs=max_bs,
-            max_pages_per_req=-(-self.max_model_len // self.page_size),
-            hidden_size=self.hf_config.hidden_size,
-            dtype=self.dtype,
-        )
-        if runner.capture():
-            self.graph_runner = runner
+        max_pages = -(-self.max_model_len // self.page_size)
+        self.attn_backend.init_cuda_graph_state(max_bs, max_pages)  # shared by the runners
+        common = dict(max_bs=max_bs, max_pages_per_req=max_pages,
+                      hidden_size=self.hf_config.hidden_size, dtype=self.dtype)  # fmt: skip
+        runner = CudaGraphRunner(self.model, self.attn_backend, self.kv_pool, **common)
+        if not runner.capture():
+            return
+        self.graph_runner = runner
+        multi = getattr(self.attn_backend, "multi_token_decode", False)
+        if self.spec_tokens > 1 and multi and max_bs >= self.spec_tokens:
+            verify = CudaGraphRunner(self.model, self.attn_backend, self.kv_pool, **common,
+                                     q_len=self.spec_tokens, pool=runner.pool)  # fmt: skip
+            if verify.capture():
+                self.verify_graph_runner = verify
 
     def _mtp_layer(self) -> Any:
         """The checkpoint's first multi-token-prediction layer (DeepSeek-V3's form)."""
@@ -294,10 +300,11 @@ class ModelExecutor:
         batch = make_forward_batch(op, self.page_size, self.device, pin=self._pin)
         batch.extras["attn_backend"] = backend
         q_len = int(getattr(op, "decode_q_len", 1))
-        if q_len > 1:  # speculative blocks as multi-token queries (graphs hold one row each)
+        if q_len > 1:  # speculative blocks as multi-token queries
             batch.extras["decode_q_len"] = q_len
-            allow_graph = False
-        runner = self.graph_runner if allow_graph else None
+        runner = None
+        if allow_graph:
+            runner = self.verify_graph_runner if q_len > 1 else self.graph_runner
         with torch.inference_mode():
             if runner is not None and runner.can_run(batch):
                 hidden = runner.replay(batch)
@@ -396,8 +403,9 @@ class ModelExecutor:
             per = 1 + lens
             q_len = 1
             if getattr(self.attn_backend, "multi_token_decode", False):
-                # every block padded to the widest (the padding's tokens are never kept)
-                q_len = int(per.max())
+                # every block padded to the widest, or to the verify graphs' width (the
+                # padding's tokens are never kept)
+                q_len = self.spec_tokens if self.verify_graph_runner else int(per.max())
                 blocks = [np.pad(b, (0, q_len - len(b)), mode="edge") for b in blocks]
                 per = np.full(num_decode, q_len, dtype=np.int64)
                 self.spec_multi_token_steps += 1

@@ -57,8 +57,8 @@ def test_tiny_v3_matches_transformers_on_cuda(tiny_v3):
 
 
 def test_tiny_v3_ngram_speculative_on_cuda(tiny_v3):
-    """Drafted blocks as multi-token queries of the registry's MLA decode on the GPU: the
-    greedy tokens stay transformers'."""
+    """Drafted blocks as multi-token queries of the registry's MLA decode on the GPU, replayed
+    from the verify graphs: the greedy tokens stay transformers'."""
     from tokenspeed.runtime import LLM, SamplingParams
 
     path, prompts, (ref_tokens, _) = tiny_v3
@@ -66,7 +66,9 @@ def test_tiny_v3_ngram_speculative_on_cuda(tiny_v3):
               speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)  # fmt: skip
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16))
     assert [o.outputs[0].token_ids for o in outs] == ref_tokens
-    assert llm.engine.executor.spec_multi_token_steps > 0
+    ex = llm.engine.executor
+    assert ex.spec_multi_token_steps > 0
+    assert ex.verify_graph_runner is not None and ex.verify_graph_runner.replays > 0
 
 
 def test_tiny_v3_mtp_speculative_on_cuda(tiny_v3, tmp_path):
@@ -98,7 +100,9 @@ def test_tiny_v3_mtp_speculative_on_cuda(tiny_v3, tmp_path):
     drafter.propose = propose
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16))
     assert [o.outputs[0].token_ids for o in outs] == ref_tokens
-    assert llm.engine.executor.spec_multi_token_steps > 0 and len(seen) > 20
+    ex = llm.engine.executor
+    assert ex.spec_multi_token_steps > 0 and len(seen) > 20
+    assert ex.verify_graph_runner is not None and ex.verify_graph_runner.replays > 0
     for hist, drafts, first in seen:
         want, states = _mtp_reference(hf, layer, extra, hist, len(drafts))
         assert drafts == want
@@ -160,3 +164,51 @@ def test_deepseek_v3_shapes_graph_decode_equals_eager():
         assert torch.isfinite(g).all()
         scale = float(e.abs().max())
         assert float((g - e).abs().max()) <= 0.05 * scale + 1e-3
+
+
+def test_deepseek_v3_shapes_verify_graph_equals_eager():
+    """Speculative verify blocks (4-token queries over the latent cache, V3 attention dims,
+    bf16, dummy weights) replayed from the verify graphs equal the same blocks run eagerly,
+    with a batch that leaves padded requests in the graph's bucket; and each block's first
+    row equals a plain one-token decode of the same token up to bf16 rounding (the kernels
+    differ in shape, so only a wrong page or length would move it far)."""
+    import numpy as np
+    from runtime_helpers import Op
+
+    from tokenspeed.runtime.forward_batch import ForwardMode, SyntheticOp
+    from tokenspeed.runtime.model_source import resolve_model_path
+    from tokenspeed.runtime.sampling import SamplingParams
+
+    small = {"num_hidden_layers": 2, "first_k_dense_replace": 1, "n_routed_experts": 16,
+             "num_nextn_predict_layers": 0, "vocab_size": 4096}  # fmt: skip
+    ex = _executor(resolve_model_path("deepseek-v3", "dummy"), load_format="dummy",
+                   hf_overrides=small, dtype="bfloat16", max_model_len=4096,
+                   speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)  # fmt: skip
+    runner = ex.verify_graph_runner
+    assert runner is not None and runner.q_len == 4
+    rng = np.random.default_rng(1)
+    lens = np.array([300, 17, 1000], np.int32)
+    tables = np.arange(3 * 80, dtype=np.int32).reshape(3, 80)
+    prompts = [rng.integers(0, 4096, n).astype(np.int32) for n in lens]
+    for slot in range(3):
+        ex.install_request(slot, SamplingParams(temperature=0.0), 0, prompts[slot], [])
+    ex.execute(Op(ForwardMode.EXTEND, ["a", "b", "c"], np.arange(3), np.zeros(3, np.int32), lens,
+                  lens, np.concatenate(prompts), tables, np.ones(3, bool)))  # fmt: skip
+    owner = np.repeat(np.arange(3), 4)
+    positions = lens[owner].astype(np.int64) + np.tile(np.arange(4), 3)
+    view = SyntheticOp(ForwardMode.DECODE, [], owner, positions, np.ones(12, np.int64),
+                       positions + 1, rng.integers(0, 4096, 12), tables[owner],
+                       np.ones(12, bool), num_decode=12, decode_q_len=4)  # fmt: skip
+    _, _, eager = ex._run_model(view, ex.attn_backend, want_logits=True, allow_graph=False)
+    before = runner.replays
+    _, _, graph = ex._run_model(view, ex.attn_backend, want_logits=True, allow_graph=True)
+    assert runner.replays == before + 1  # three requests in the bucket of four
+    assert torch.isfinite(graph).all()
+    scale = float(eager.abs().max())
+    assert float((graph - eager).abs().max()) <= 0.02 * scale + 1e-3
+    plain_op = SyntheticOp(ForwardMode.DECODE, [], np.arange(3), lens.astype(np.int64),
+                           np.ones(3, np.int64), lens + 1, view.input_ids[::4], tables,
+                           np.ones(3, bool), num_decode=3)  # fmt: skip
+    _, _, plain = ex._run_model(plain_op, ex.attn_backend, want_logits=True, allow_graph=False)
+    first_rows = eager.view(3, 4, -1)[:, 0].float()
+    assert float((first_rows - plain.float()).abs().max()) <= 0.05 * scale + 1e-2

@@ -422,3 +422,23 @@ def test_fp8_cuda_graph_replay_with_new_lengths(heads, layout):
         torch.cuda.synchronize()
         exp, _ = _expected_fp8(q, cache8, scale, tables, seq)
         torch.testing.assert_close(out.float(), exp.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("heads", [16, 128])
+def test_registry_reads_strided_per_request_views(heads):
+    """A speculative verify step's per-request views of per-row metadata (every q_len-th
+    table row, each block's last length), strided, through the public op: the contiguous
+    call's output exactly."""
+    import tokenspeed.mla as M
+
+    q_len, lens = 2, [700, 64, 2, 300]
+    q, cache, tables, seq = _problem(lens, heads, q_len, 64, seed=heads)
+    rows_tables = tables.repeat_interleave(q_len, 0)
+    rows_seq = seq.repeat_interleave(q_len) - (q_len - 1) + torch.arange(
+        len(lens) * q_len, device="cuda", dtype=torch.int32) % q_len  # fmt: skip
+    want = M.mla_decode(q, cache, tables, seq, SCALE)
+    got = M.mla_decode(q, cache, rows_tables[::q_len], rows_seq[q_len - 1 :: q_len], SCALE)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    exp, _ = _expected(q, cache, tables, seq)
+    torch.testing.assert_close(got.float(), exp.float(), atol=2e-2, rtol=2e-2)

@@ -40,9 +40,11 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def init_forward_metadata_replay_cuda_graph(
-        self, bs: int, block_tables: torch.Tensor, seq_lens: torch.Tensor
+        self, bs: int, block_tables: torch.Tensor, seq_lens: torch.Tensor, q_len: int = 1
     ) -> None:
-        """Copy a real batch's metadata into the static buffers before a graph replay."""
+        """Copy a real batch's metadata into the static buffers before a graph replay. A
+        verify graph's rows come ``q_len`` per request; padded rows read ``q_len`` tokens of
+        the scratch page."""
 
     @abstractmethod
     def forward_extend(

@@ -61,9 +61,9 @@ def _requests_of_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A speculative decode batch holds ``q_len`` consecutive rows per request, row j at
     ``seq_len - q_len + j``; the kernel reads one ``q_len``-token query per request: its
-    first row's table and its last row's length (made contiguous once per forward, not once
-    per layer)."""
-    return block_tables[::q_len], seq_lens[q_len - 1 :: q_len].contiguous()
+    first row's table and its last row's length, copied contiguous once per forward (not once
+    per layer), so no kernel depends on reading strided metadata."""
+    return block_tables[::q_len].contiguous(), seq_lens[q_len - 1 :: q_len].contiguous()
 
 
 class MLAAttentionBackend(PagedAttentionBackend):
@@ -77,6 +77,8 @@ class MLAAttentionBackend(PagedAttentionBackend):
 
     def __init__(self, kv_pool: MLAKVPool, solution: str | None = None) -> None:
         super().__init__(kv_pool, None)
+        self.graph_request_tables: torch.Tensor | None = None
+        self.graph_request_lens: torch.Tensor | None = None
         modes = ("mla.decode", "mla.prefill", "mla.store_kv")
         self._mla_override = {m: solution for m in modes} if solution else None
 
@@ -119,6 +121,36 @@ class MLAAttentionBackend(PagedAttentionBackend):
             prefix_rows=prefix_rows,
             new_rows=new_rows,
         )
+
+    def init_cuda_graph_state(self, max_bs: int, max_pages_per_req: int) -> None:
+        super().init_cuda_graph_state(max_bs, max_pages_per_req)
+        # a verify graph's per-request tables and lengths (of its rows), written at replay
+        assert self.graph_block_tables is not None
+        self.graph_request_tables = self.graph_block_tables.clone()
+        self.graph_request_lens = torch.ones(max_bs, dtype=torch.int32, device=self.kv_pool.device)
+
+    def init_forward_metadata_capture_cuda_graph(self, batch: ForwardBatch) -> None:
+        super().init_forward_metadata_capture_cuda_graph(batch)
+        q_len = int(batch.extras.get("decode_q_len", 1))
+        if q_len > 1:  # static views: the graph reads what each replay writes there
+            assert self.graph_request_tables is not None and self.graph_request_lens is not None
+            n = batch.batch_size // q_len
+            batch.extras["mla_requests"] = (
+                self.graph_request_tables[:n],
+                self.graph_request_lens[:n],
+            )
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs: int, block_tables: torch.Tensor, seq_lens: torch.Tensor, q_len: int = 1
+    ) -> None:
+        super().init_forward_metadata_replay_cuda_graph(bs, block_tables, seq_lens, q_len)
+        if q_len > 1:
+            assert self.graph_request_tables is not None and self.graph_request_lens is not None
+            n, width = seq_lens.shape[0] // q_len, block_tables.shape[1]
+            self.graph_request_tables[:n, :width].copy_(block_tables[::q_len], non_blocking=True)
+            self.graph_request_tables[n : bs // q_len].fill_(self.kv_pool.scratch_page)
+            self.graph_request_lens[:n].copy_(seq_lens[q_len - 1 :: q_len], non_blocking=True)
+            self.graph_request_lens[n : bs // q_len].fill_(q_len)
 
     def _store(  # type: ignore[override]
         self, kv_c: torch.Tensor, k_pe: torch.Tensor, layer: MLAAttention, batch: ForwardBatch

@@ -62,14 +62,14 @@ class PagedAttentionBackend(AttentionBackend):
         batch.attn_metadata = (batch.block_tables, batch.seq_lens, batch.cu_seqlens_q)
 
     def init_forward_metadata_replay_cuda_graph(
-        self, bs: int, block_tables: torch.Tensor, seq_lens: torch.Tensor
+        self, bs: int, block_tables: torch.Tensor, seq_lens: torch.Tensor, q_len: int = 1
     ) -> None:
         assert self.graph_block_tables is not None and self.graph_seq_lens is not None
         n, width = block_tables.shape
         self.graph_block_tables[:n, :width].copy_(block_tables, non_blocking=True)
         self.graph_block_tables[n:bs].fill_(self.kv_pool.scratch_page)
         self.graph_seq_lens[:n].copy_(seq_lens, non_blocking=True)
-        self.graph_seq_lens[n:bs].fill_(1)
+        self.graph_seq_lens[n:bs].fill_(q_len)
 
     def _store(
         self, k: torch.Tensor, v: torch.Tensor, layer: Attention, batch: ForwardBatch
