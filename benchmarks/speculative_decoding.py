@@ -19,6 +19,7 @@ measurement, never a test.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from pathlib import Path
@@ -45,7 +46,8 @@ def run(args: argparse.Namespace, prompts: list[list[int]], spec: bool) -> dict[
     llm = LLM(args.model, device=args.device, max_total_tokens=args.max_total_tokens,
               max_num_seqs=args.batch, **extra)  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    # warm-up at the measured batch: kernels compile (and CUDA graphs capture) for its shapes
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     steps0 = llm.engine.num_steps
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace, prompts: list[list[int]], spec: bool) -> dict[
     seconds = time.perf_counter() - start
     ex = llm.engine.executor
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {
+    result = {
         "engine": args.algorithm.lower() if spec else "plain",
         "seconds": round(seconds, 4),
         "output_tokens_per_s": round(tokens / seconds, 1),
@@ -66,6 +68,12 @@ def run(args: argparse.Namespace, prompts: list[list[int]], spec: bool) -> dict[
         "acceptance": round(ex.spec_accepted / ex.spec_drafted, 3) if ex.spec_drafted else None,
         "tokens": [o.outputs[0].token_ids for o in outs],
     }
+    del llm, ex  # the next engine needs this one's device memory (its pool, graphs)
+    gc.collect()
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        result["gib_held_after"] = round(torch.cuda.memory_allocated() / 2**30, 2)
+    return result
 
 
 def main() -> None:
@@ -97,6 +105,10 @@ def main() -> None:
     plain = [r for r in runs if r["engine"] == "plain"]
     spec_runs = [r for r in runs if r["engine"] == name]
     same = all(r["tokens"] == plain[0]["tokens"] for r in runs)
+    # where outputs part (bf16 kernels of different shapes round differently; near-ties flip)
+    parted = [next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None)
+              for x, y in zip(spec_runs[0]["tokens"], plain[0]["tokens"], strict=True)]  # fmt: skip
+    diverged = sorted(i for i in parted if i is not None)
     median = {engine: float(np.median([r["output_tokens_per_s"] for r in rs]))
               for engine, rs in (("plain", plain), (name, spec_runs))}  # fmt: skip
     summary = {
@@ -108,6 +120,8 @@ def main() -> None:
         "output_len": args.output_len,
         "draft_tokens": args.draft_tokens,
         "outputs_equal": same,
+        "outputs_parted": len(diverged),  # of the first runs' outputs, how many differ
+        "first_parting_position": diverged[0] if diverged else None,
         "median_tokens_per_s": median,
         "speedup": round(median[name] / median["plain"], 3),
         "steps": {"plain": plain[0]["steps"], name: spec_runs[0]["steps"]},
