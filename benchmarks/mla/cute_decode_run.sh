@@ -7,7 +7,9 @@
 # FlashMLA shape's registry, FlashInfer beside bf16, then FP8 at q_len 1 and 2 (~400 s);
 # "pairs64": the bf16 64-head shape, where the H200 read 80 % of copy against FlashInfer's 85
 # % (forty-second session): the pairs kernel's tiles and rope release, and its ring filled
-# from L2, beside FlashInfer (~120 s).
+# from L2, beside FlashInfer (~120 s). "spec": the speculative-decoding GPU tests (the
+# verify-row check against a plain decode at V3 shapes, the strided per-request views) and
+# the MTP timing of docs/performance.md (~300 s on an H100).
 source benchmarks/mla/peer_wheels.sh --install
 if [ "${1:-}" = "tests" ]; then
   # the log comes back with $OUT even when the limit cuts the run short (its dots count)
@@ -25,8 +27,17 @@ elif [ "${1:-}" = "pairs64" ]; then
   timeout 300 python3 benchmarks/mla/sweep_decode.py --heads 64 --interleave 10 \
     --variants "registry,flashinfer fa3,cute pairs t32,cute pairs t32 lazy,cute pairs t64 rope,cute ablation l2_loads,cute pairs t32 ablation l2_loads" \
     --out $OUT/sweep_bf16_pairs64.json 2>&1 | grep -v "^{" | tail -10
+elif [ "${1:-}" = "spec" ]; then
+  timeout 200 python3 -m pytest tests/gpu/test_deepseek_gpu.py tests/gpu/test_mla_cute_gpu.py \
+    -k "ngram or mtp or verify or strided" -p no:cacheprovider -q -rA 2>&1 \
+    | grep -E "PASSED|FAILED|ERROR|passed|failed|assert" | head -20
+  timeout 200 python3 benchmarks/speculative_decoding.py --algorithm MTP --draft-tokens 2 \
+    --device cuda --model deepseek-v3 --load-format dummy --dtype bfloat16 \
+    --hf-overrides '{"num_hidden_layers": 8, "first_k_dense_replace": 1, "n_routed_experts": 16, "vocab_size": 32768}' \
+    --num-prompts 32 --batch 32 --prompt-len 512 --output-len 64 --repeats 2 \
+    --out $OUT/mtp_k2_dummy_v3_8layer.json 2>&1 | grep -E "part|median|plain|mtp|speedup" | head
 else
-  echo "usage: cute_decode_run.sh tests|readings|pairs64" >&2
+  echo "usage: cute_decode_run.sh tests|readings|pairs64|spec" >&2
   exit 2
 fi
 nvidia-smi --query-gpu=name,clocks.sm --format=csv
