@@ -571,6 +571,18 @@ def test_mtp_drafts_equal_a_from_scratch_reference(ds_mtp, ds_prompts, ds_refere
         torch.testing.assert_close(torch.stack(states), torch.stack(want_states), atol=1e-4, rtol=0)
 
 
+def test_speculative_decoding_over_an_fp8_latent_cache(ds_mtp, ds_prompts):
+    """Drafted blocks verify over an FP8 cache (the MTP layer's own latents quantized too):
+    the same tokens as plain decoding over that cache, NGRAM and MTP alike."""
+    path, _ = ds_mtp["v3"]
+    want = tokens_of(make_llm(path, kv_cache_dtype="fp8_e4m3").generate(ds_prompts, GREEDY))
+    for spec in (dict(speculative_algorithm="NGRAM"), MTP):
+        llm = make_llm(path, kv_cache_dtype="fp8_e4m3", **spec)
+        assert tokens_of(llm.generate(ds_prompts, GREEDY)) == want, spec
+        ex = llm.engine.executor
+        assert ex.kv_pool.layout.is_fp8 and ex.spec_multi_token_steps > 0
+
+
 def test_mtp_needs_an_mtp_layer(ds_checkpoints, checkpoints):
     for path in (ds_checkpoints["v3"], checkpoints["llama"]):
         with pytest.raises(ValueError, match="multi-token-prediction layer"):
