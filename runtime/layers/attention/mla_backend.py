@@ -61,9 +61,9 @@ def _requests_of_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A speculative decode batch holds ``q_len`` consecutive rows per request, row j at
     ``seq_len - q_len + j``; the kernel reads one ``q_len``-token query per request: its
-    first row's table and its last row's length, copied contiguous once per forward (not once
-    per layer), so no kernel depends on reading strided metadata."""
-    return block_tables[::q_len].contiguous(), seq_lens[q_len - 1 :: q_len].contiguous()
+    first row's table and its last row's length (strided views; callers copy them once per
+    forward, into fresh or static buffers, so no kernel reads strided metadata)."""
+    return block_tables[::q_len], seq_lens[q_len - 1 :: q_len]
 
 
 class MLAAttentionBackend(PagedAttentionBackend):
@@ -92,9 +92,8 @@ class MLAAttentionBackend(PagedAttentionBackend):
         if batch.mode.is_decode():
             q_len = int(batch.extras.get("decode_q_len", 1))
             if q_len > 1:
-                batch.extras["mla_requests"] = _requests_of_rows(
-                    batch.block_tables, batch.seq_lens, q_len
-                )
+                tables, lens = _requests_of_rows(batch.block_tables, batch.seq_lens, q_len)
+                batch.extras["mla_requests"] = (tables.contiguous(), lens.contiguous())
             return
         dev = batch.input_ids.device
         seq, prefix = batch.seq_lens_np, batch.prefix_lens_np
@@ -146,10 +145,11 @@ class MLAAttentionBackend(PagedAttentionBackend):
         super().init_forward_metadata_replay_cuda_graph(bs, block_tables, seq_lens, q_len)
         if q_len > 1:
             assert self.graph_request_tables is not None and self.graph_request_lens is not None
-            n, width = seq_lens.shape[0] // q_len, block_tables.shape[1]
-            self.graph_request_tables[:n, :width].copy_(block_tables[::q_len], non_blocking=True)
+            tables, lens = _requests_of_rows(block_tables, seq_lens, q_len)
+            n, width = tables.shape
+            self.graph_request_tables[:n, :width].copy_(tables, non_blocking=True)
             self.graph_request_tables[n : bs // q_len].fill_(self.kv_pool.scratch_page)
-            self.graph_request_lens[:n].copy_(seq_lens[q_len - 1 :: q_len], non_blocking=True)
+            self.graph_request_lens[:n].copy_(lens, non_blocking=True)
             self.graph_request_lens[n : bs // q_len].fill_(q_len)
 
     def _store(  # type: ignore[override]
