@@ -29,7 +29,9 @@ import numpy as np
 import torch
 
 
-def run(args: argparse.Namespace, prompts: list[list[int]], spec: bool) -> dict[str, Any]:
+def run(
+    args: argparse.Namespace, prompts: list[list[int]], spec: bool, batch: int | None = None
+) -> dict[str, Any]:
     from tokenspeed.runtime import LLM, SamplingParams
 
     extra: dict[str, Any] = {}
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace, prompts: list[list[int]], spec: bool) -> dict[
     if args.hf_overrides:
         extra["hf_overrides"] = json.loads(args.hf_overrides)
     llm = LLM(args.model, device=args.device, max_total_tokens=args.max_total_tokens,
-              max_num_seqs=args.batch, **extra)  # fmt: skip
+              max_num_seqs=batch or args.batch, **extra)  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     # warm-up at the measured batch: kernels compile (and CUDA graphs capture) for its shapes
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
@@ -76,6 +78,13 @@ def run(args: argparse.Namespace, prompts: list[list[int]], spec: bool) -> dict[
     return result
 
 
+def parting_positions(xs: list[list[int]], ys: list[list[int]]) -> list[int]:
+    """Sorted first positions where paired outputs differ (outputs that never differ left out)."""
+    firsts = (next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None)
+              for x, y in zip(xs, ys, strict=True))  # fmt: skip
+    return sorted(i for i in firsts if i is not None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory (default: the tiny model)")
@@ -91,6 +100,9 @@ def main() -> None:
     ap.add_argument("--draft-tokens", type=int, default=4)
     ap.add_argument("--max-total-tokens", type=int, default=32768)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved runs of each engine")
+    ap.add_argument("--control", action="store_true",
+                    help="also run plain decoding at a quarter of the batch: how often other "
+                    "kernel shapes alone part the outputs (rounding at near-ties)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -106,9 +118,7 @@ def main() -> None:
     spec_runs = [r for r in runs if r["engine"] == name]
     same = all(r["tokens"] == plain[0]["tokens"] for r in runs)
     # where outputs part (bf16 kernels of different shapes round differently; near-ties flip)
-    parted = [next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None)
-              for x, y in zip(spec_runs[0]["tokens"], plain[0]["tokens"], strict=True)]  # fmt: skip
-    diverged = sorted(i for i in parted if i is not None)
+    diverged = parting_positions(spec_runs[0]["tokens"], plain[0]["tokens"])
     median = {engine: float(np.median([r["output_tokens_per_s"] for r in rs]))
               for engine, rs in (("plain", plain), (name, spec_runs))}  # fmt: skip
     summary = {
@@ -128,6 +138,13 @@ def main() -> None:
         "acceptance": spec_runs[0]["acceptance"],
         "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs],
     }
+    if args.control:
+        control = run(args, prompts, False, batch=max(1, args.batch // 4))
+        parted = parting_positions(control["tokens"], plain[0]["tokens"])
+        summary["control_plain_quarter_batch"] = {
+            "outputs_parted": len(parted),
+            "first_parting_position": parted[0] if parted else None,
+        }
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

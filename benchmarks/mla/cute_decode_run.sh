@@ -31,11 +31,11 @@ elif [ "${1:-}" = "spec" ]; then
   timeout 200 python3 -m pytest tests/gpu/test_deepseek_gpu.py tests/gpu/test_mla_cute_gpu.py \
     -k "ngram or mtp or verify or strided" -p no:cacheprovider -q -rA 2>&1 \
     | grep -E "PASSED|FAILED|ERROR|passed|failed|assert" | head -20
-  timeout 200 python3 benchmarks/speculative_decoding.py --algorithm MTP --draft-tokens 2 \
+  timeout 260 python3 benchmarks/speculative_decoding.py --algorithm MTP --draft-tokens 2 \
     --device cuda --model deepseek-v3 --load-format dummy --dtype bfloat16 \
     --hf-overrides '{"num_hidden_layers": 8, "first_k_dense_replace": 1, "n_routed_experts": 16, "vocab_size": 32768}' \
     --num-prompts 32 --batch 32 --prompt-len 512 --output-len 64 --repeats 2 \
-    --out $OUT/mtp_k2_dummy_v3_8layer.json 2>&1 | grep -E "part|median|plain|mtp|speedup" | head
+    --control --out $OUT/mtp_k2_dummy_v3_8layer.json 2>&1 | grep -E "part|median|plain|mtp|speedup" | head -20
 else
   echo "usage: cute_decode_run.sh tests|readings|pairs64|spec" >&2
   exit 2
