@@ -170,7 +170,8 @@ class ModelExecutor:
 
     def _init_cuda_graphs(self) -> None:
         """Decode graphs, and with speculative decoding on a ``multi_token_decode`` backend
-        (MLA) graphs of verify steps whose blocks are ``spec_tokens``-token queries."""
+        (MLA) graphs of verify steps whose blocks are ``spec_tokens``-token queries; with MTP
+        drafts, graphs of the MTP layer's one-row decodes."""
         # a speculative verify step decodes one row per drafted position
         rows = self.config.max_num_seqs * self.spec_tokens
         max_bs = int(self.config.cuda_graph_max_bs or min(rows, 256))
@@ -188,6 +189,11 @@ class ModelExecutor:
                                      q_len=self.spec_tokens, pool=runner.pool)  # fmt: skip
             if verify.capture():
                 self.verify_graph_runner = verify
+        if isinstance(self.drafter, MTPDrafter):  # the layer's one-row decodes
+            mtp = CudaGraphRunner(self.drafter.graph_module(max_bs), self.attn_backend,
+                                  self.kv_pool, **common, pool=runner.pool)  # fmt: skip
+            if mtp.capture():
+                self.drafter.graphs = mtp
 
     def _mtp_layer(self) -> Any:
         """The checkpoint's first multi-token-prediction layer (DeepSeek-V3's form)."""

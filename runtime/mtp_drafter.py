@@ -16,6 +16,11 @@ carry it with the target's.
   EAGLE/MTP with one candidate per step). Those positions' entries are rewritten by the next
   ``observe`` with the target's own hidden states.
 
+On CUDA both run as captured graphs where they fit (``MTPStep``, one ``CudaGraphRunner`` of
+one-row decodes beside the target's): a decode step's observe and every chained draft are
+one-row decodes of the layer, each row with its own table and length, which is the shape of
+the target's decode graphs. Extend steps (prefill chunks) run eagerly.
+
 Pages shared through the prefix cache carry the layer's entries with the target's. Each
 entry saw the token after its position in the request that computed it; where requests
 diverge right after a shared page, that page's last entry saw another request's next token.
@@ -40,7 +45,24 @@ from tokenspeed.runtime.forward_batch import (
 )
 
 if TYPE_CHECKING:
+    from tokenspeed.runtime.cuda_graph_runner import CudaGraphRunner
     from tokenspeed.runtime.models.deepseek_v2 import DeepseekMTPLayer
+
+
+class MTPStep(torch.nn.Module):
+    """The MTP layer in the model signature a ``CudaGraphRunner`` captures: the hidden
+    states it reads sit in a static buffer, written before each replay."""
+
+    def __init__(self, layer: DeepseekMTPLayer, rows: int, hidden_size: int,
+                 dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
+        super().__init__()
+        self.layer = layer
+        self.hidden = torch.zeros(rows, hidden_size, dtype=dtype, device=device)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        return self.layer.predict(input_ids, positions, self.hidden[: len(input_ids)], batch)
 
 
 class MTPDrafter:
@@ -58,6 +80,9 @@ class MTPDrafter:
     ) -> None:
         self.layer = layer
         self.backend = backend
+        self.hidden_size = hidden_size
+        self.dtype = dtype
+        self.graphs: CudaGraphRunner | None = None  # one-row decodes of the layer (CUDA)
         self.page_size = page_size
         self.device = device
         self._pin = device.type == "cuda"
@@ -118,12 +143,9 @@ class MTPDrafter:
         else:
             op = SyntheticOp(ForwardMode.EXTEND, [], slots, starts, valid, starts + valid, ids,
                              tables, gained)  # fmt: skip
-        batch = self._batch(op)
         hidden_rows = torch.from_numpy(rows).to(self.device, non_blocking=self._pin)
         with torch.inference_mode():
-            out = self.layer.predict(
-                batch.input_ids, batch.positions, step.hidden[hidden_rows], batch
-            )
+            out, batch = self._predict(op, None, step.hidden[hidden_rows])
             if len(batch.sample_rows_np):
                 last_hidden = out[batch.sample_indices]
                 done = torch.from_numpy(slots[gained]).to(self.device, non_blocking=self._pin)
@@ -154,8 +176,7 @@ class MTPDrafter:
                 op = SyntheticOp(ForwardMode.DECODE, [], sel, p, np.ones(len(sel), np.int64),
                                  p + 1, np.zeros(len(sel), np.int64), tables,
                                  np.ones(len(sel), bool), num_decode=len(sel))  # fmt: skip
-                batch = self._batch(op)
-                hidden = self.layer.predict(drafts[-1], batch.positions, hidden, batch)
+                hidden, _ = self._predict(op, drafts[-1], hidden)
                 drafts.append(self.layer.compute_logits(hidden).argmax(-1))
             # the one host sync of drafting: the verify step's inputs are built on the host
             host = torch.stack(drafts, dim=1).cpu().numpy()
@@ -168,8 +189,23 @@ class MTPDrafter:
         """The columns of ``tables`` that positions below ``max_len`` use."""
         return np.asarray(tables)[:, : max(1, -(-max_len // self.page_size))]
 
-    def _batch(self, op: SyntheticOp) -> ForwardBatch:
+    def graph_module(self, rows: int) -> MTPStep:
+        """The layer as a ``CudaGraphRunner`` captures it, for batches of up to ``rows``."""
+        return MTPStep(self.layer, rows, self.hidden_size, self.dtype, self.device)
+
+    def _predict(
+        self, op: SyntheticOp, input_ids: torch.Tensor | None, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, ForwardBatch]:
+        """The layer's output rows for ``op`` (its ids, or ``input_ids`` already on the
+        device), from a captured graph where one holds the batch, else eagerly. A graph's
+        output is its runner's static buffer: read it before the next replay."""
         batch = make_forward_batch(op, self.page_size, self.device, pin=self._pin)
         batch.extras["attn_backend"] = self.backend
+        if input_ids is not None:
+            batch.input_ids = input_ids
+        runner = self.graphs
+        if runner is not None and runner.can_run(batch):
+            runner.model.hidden[: batch.batch_size].copy_(hidden)
+            return runner.replay(batch), batch
         self.backend.init_forward_metadata(batch)  # type: ignore[attr-defined]
-        return batch
+        return self.layer.predict(batch.input_ids, batch.positions, hidden, batch), batch

@@ -72,8 +72,8 @@ def test_tiny_v3_ngram_speculative_on_cuda(tiny_v3):
 
 
 def test_tiny_v3_mtp_speculative_on_cuda(tiny_v3, tmp_path):
-    """The MTP drafter on the GPU (its layer's chain as absorbed one-row decodes, its own
-    pool layer, the target's CUDA-graph decode between): transformers' greedy tokens, and
+    """The MTP drafter on the GPU (its layer's chain as absorbed one-row decodes replayed
+    from its own CUDA graphs, its own pool layer, the target's CUDA-graph decode between): transformers' greedy tokens, and
     every request's drafts and their hidden states equal the layer run from scratch."""
     from runtime_helpers import hf_model
     from test_deepseek import MTP, _hf_mtp_layer, _mtp_reference, _with_mtp
@@ -103,6 +103,7 @@ def test_tiny_v3_mtp_speculative_on_cuda(tiny_v3, tmp_path):
     ex = llm.engine.executor
     assert ex.spec_multi_token_steps > 0 and len(seen) > 20
     assert ex.verify_graph_runner is not None and ex.verify_graph_runner.replays > 0
+    assert drafter.graphs is not None and drafter.graphs.replays > 0  # the layer's own graphs
     for hist, drafts, first in seen:
         want, states = _mtp_reference(hf, layer, extra, hist, len(drafts))
         assert drafts == want

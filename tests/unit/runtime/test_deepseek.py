@@ -571,6 +571,60 @@ def test_mtp_drafts_equal_a_from_scratch_reference(ds_mtp, ds_prompts, ds_refere
         torch.testing.assert_close(torch.stack(states), torch.stack(want_states), atol=1e-4, rtol=0)
 
 
+class _EagerGraphs:
+    """Stands in for the MTP layer's CUDA-graph runner on CPU: the same contract (the
+    hidden states written into the module's static buffer, the output in a static buffer
+    the next replay overwrites), run eagerly. Both buffers are poisoned between replays, so
+    a drafter that skips the copy in or reads a stale output drafts from NaNs."""
+
+    def __init__(self, drafter, rows: int) -> None:
+        self.model = drafter.graph_module(rows)
+        self.backend = drafter.backend
+        self.rows = rows
+        self.output = torch.full((rows, drafter.hidden_size), float("nan"), dtype=drafter.dtype)
+        self.replays = 0
+
+    def can_run(self, batch) -> bool:
+        from tokenspeed.runtime.forward_batch import ForwardMode
+
+        return batch.mode is ForwardMode.DECODE and batch.batch_size <= self.rows
+
+    def replay(self, batch) -> torch.Tensor:
+        n = batch.batch_size
+        self.backend.init_forward_metadata(batch)
+        self.output.fill_(float("nan"))
+        self.output[:n].copy_(self.model(batch.input_ids, batch.positions, batch))
+        self.model.hidden.fill_(float("nan"))
+        self.replays += 1
+        return self.output[:n]
+
+
+def test_mtp_graph_path_drafts_as_the_eager_layer(ds_mtp, ds_prompts, ds_references):
+    """The drafter's CUDA-graph path (observe after decode steps, the chained drafts) feeds
+    the runner's static buffers and reads its output in time: the same drafts, step for
+    step, as the layer run eagerly, and plain decoding's tokens."""
+    path, _ = ds_mtp["v3"]
+    drafts: list[list[list[int]]] = [[], []]
+    runners = []
+    for run in range(2):
+        llm = make_llm(path, **MTP, max_num_seqs=4)
+        drafter = llm.engine.executor.drafter
+        if run:
+            drafter.graphs = _EagerGraphs(drafter, rows=8)  # some observes do not fit: eager
+            runners.append(drafter.graphs)
+        real = drafter.propose
+
+        def propose(*args, real=real, seen=drafts[run]):
+            got = real(*args)
+            seen.append([d.tolist() for d in got])
+            return got
+
+        drafter.propose = propose
+        assert tokens_of(llm.generate(ds_prompts, GREEDY)) == ds_references["v3"][0]
+    assert drafts[0] == drafts[1] and sum(len(d) for s in drafts[0] for d in s) > 50
+    assert runners[0].replays > 10
+
+
 def test_speculative_decoding_over_an_fp8_latent_cache(ds_mtp, ds_prompts):
     """Drafted blocks verify over an FP8 cache (the MTP layer's own latents quantized too):
     the same tokens as plain decoding over that cache, NGRAM and MTP alike."""
