@@ -121,6 +121,25 @@ def test_tiny_v3_fp8_latent_cache_on_cuda(tiny_v3):
         assert float(err.mean()) < 0.05 and float(err.max()) < 0.25
 
 
+def test_tiny_v3_mtp_over_an_fp8_cache_on_cuda(tiny_v3, tmp_path):
+    """MTP drafts over an FP8 latent cache (the MTP layer's own latents quantized in its
+    CUDA graphs too): plain decoding's tokens over that cache."""
+    from test_deepseek import MTP, _with_mtp
+
+    from tokenspeed.runtime import LLM, SamplingParams
+
+    path, prompts, _ = tiny_v3
+    _with_mtp(path, tmp_path / "mtp")
+    greedy = SamplingParams(temperature=0.0, max_tokens=16)
+    common = dict(device="cuda", page_size=64, max_total_tokens=8192, kv_cache_dtype="fp8_e4m3")
+    plain = LLM(str(tmp_path / "mtp"), **common).generate(prompts, greedy)
+    llm = LLM(str(tmp_path / "mtp"), **common, **MTP)
+    outs = llm.generate(prompts, greedy)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    drafter = llm.engine.executor.drafter
+    assert drafter.graphs is not None and drafter.graphs.replays > 0
+
+
 def test_deepseek_v3_shapes_graph_decode_equals_eager():
     """Real V3 attention dims (128 heads, latent 576), two layers, bf16, dummy weights."""
     import numpy as np
