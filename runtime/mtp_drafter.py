@@ -80,8 +80,6 @@ class MTPDrafter:
     ) -> None:
         self.layer = layer
         self.backend = backend
-        self.hidden_size = hidden_size
-        self.dtype = dtype
         self.graphs: CudaGraphRunner | None = None  # one-row decodes of the layer (CUDA)
         self.page_size = page_size
         self.device = device
@@ -191,7 +189,7 @@ class MTPDrafter:
 
     def graph_module(self, rows: int) -> MTPStep:
         """The layer as a ``CudaGraphRunner`` captures it, for batches of up to ``rows``."""
-        return MTPStep(self.layer, rows, self.hidden_size, self.dtype, self.device)
+        return MTPStep(self.layer, rows, self.carry.shape[1], self.carry.dtype, self.device)
 
     def _predict(
         self, op: SyntheticOp, input_ids: torch.Tensor | None, hidden: torch.Tensor

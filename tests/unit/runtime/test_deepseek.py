@@ -581,7 +581,7 @@ class _EagerGraphs:
         self.model = drafter.graph_module(rows)
         self.backend = drafter.backend
         self.rows = rows
-        self.output = torch.full((rows, drafter.hidden_size), float("nan"), dtype=drafter.dtype)
+        self.output = torch.full_like(self.model.hidden, float("nan"))
         self.replays = 0
 
     def can_run(self, batch) -> bool:
