@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DeviceInfo", "device_info", "triton_available", "triton_interpret", "triton_version"]
+__all__ = [
+    "DeviceInfo",
+    "capture_stream",
+    "device_info",
+    "triton_available",
+    "triton_interpret",
+    "triton_version",
+]
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,27 @@ def device_info(device: torch.device | str) -> DeviceInfo:
     if device.type == "cuda" and index is None:
         index = torch.cuda.current_device()
     return _cached_device_info(device.type, index or 0)
+
+
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device | str | None = None) -> torch.cuda.Stream:
+    """The one side stream this process warms up and captures CUDA graphs on, per device.
+
+    cuBLAS keeps a workspace per (handle, stream) until the process exits (32 MiB on Hopper)
+    and a graph captured on a stream embeds that stream's workspace. A fresh stream per
+    capture left one workspace behind every capture (measured on an H100: 33.5 MB per deleted
+    plain engine, 0.1 GiB per MTP engine with its three graph runners); one shared stream
+    holds one, and since it is never freed every graph that embeds it stays valid (torch's
+    own ``torch.cuda.graph`` likewise captures every graph on one default stream).
+    """
+    dev = torch.device("cuda") if device is None else torch.device(device)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    stream = _CAPTURE_STREAMS.get(index)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
+    return stream
 
 
 @functools.cache

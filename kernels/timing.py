@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from tokenspeed.kernels.device import capture_stream
+
 T = TypeVar("T")
 
 __all__ = [
@@ -97,7 +99,7 @@ def time_gpu(
 ) -> Timing:
     """Median time of one ``fn(inputs)`` call, cycling through ``input_sets``; the host's
     launch latency is kept out of every sample (``SPIN_CYCLES``)."""
-    stream = torch.cuda.Stream()
+    stream = capture_stream()  # one per process: a fresh one keeps a cuBLAS workspace each
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(warmup):
@@ -109,7 +111,7 @@ def time_gpu(
     if use_graph:
         try:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, stream=stream):
                 for inputs in input_sets:
                     fn(inputs)
             _settle(graph)
@@ -167,7 +169,7 @@ def time_gpu_interleaved(
     separately timed rounds do not: the H200 has read one kernel 3-7 % apart in two
     back-to-back timings. The GPU stays busy from the settle to the last sample (one host
     wait per replay). Each call is captured as a CUDA graph (eager if it cannot be)."""
-    stream = torch.cuda.Stream()
+    stream = capture_stream()  # one per process: a fresh one keeps a cuBLAS workspace each
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(warmup):
@@ -180,7 +182,7 @@ def time_gpu_interleaved(
     for fn in fns:
         try:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, stream=stream):
                 fn()
             graphs.append(graph)
             runs.append(graph.replay)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tokenspeed.kernels.device import capture_stream
 from tokenspeed.runtime.forward_batch import ForwardBatch, ForwardMode
 
 logger = logging.getLogger("tokenspeed.cuda_graph")
@@ -99,7 +100,7 @@ class CudaGraphRunner:
     def capture(self) -> bool:
         """Capture every bucket (largest first so smaller ones reuse its memory pool)."""
         try:
-            stream = torch.cuda.Stream(self.device)
+            stream = capture_stream(self.device)
             with torch.inference_mode():
                 for bs in reversed(self.buckets):
                     batch = self._static_batch(bs)
