@@ -23,14 +23,6 @@ from tokenspeed.runtime.sampling import SamplingParams
 logger = logging.getLogger("tokenspeed.engine")
 
 
-def _first(stats: dict[str, Any], *names: str, default: Any = 0) -> Any:
-    """The first of several candidate stat names that the scheduler reports."""
-    for name in names:
-        if name in stats and stats[name] is not None:
-            return stats[name]
-    return default
-
-
 class EngineCore:
     """Owns the EventLoop; everything the engine process asks of the runtime goes through here."""
 
@@ -156,36 +148,23 @@ class EngineCore:
         adds token counters and one row per unfinished request (`tokenspeed top`).
         """
         raw = {k: _plain(v) for k, v in self.loop.stats().items()}
-        total = int(_first(raw, "device_pages_total", "num_device_pages", "total_device_pages"))
-        free = int(_first(raw, "device_pages_free", "free_device_pages", default=total))
-        active = int(
-            _first(raw, "device_pages_active", "active_device_pages", default=total - free)
-        )
-        decoding = int(_first(raw, "decoding", "num_decoding"))
-        prefilling = int(_first(raw, "prefilling", "num_prefilling"))
+        total, active = int(raw["device_pages_total"]), int(raw["device_pages_active"])
         return {
-            "running": int(_first(raw, "running", "num_running", default=decoding + prefilling)),
+            "running": int(raw["num_decoding"]) + int(raw["num_prefilling"]),
             # Retracted requests wait to resume, as vLLM counts preempted ones.
-            "waiting": int(_first(raw, "waiting", "num_waiting"))
-            + int(raw.get("num_retracted", 0)),
+            "waiting": int(raw["num_waiting"]) + int(raw["num_retracted"]),
             "device_pages_total": total,
-            "device_pages_free": free,
+            "device_pages_free": int(raw["device_pages_free"]),
             "device_pages_active": active,
-            "device_pages_cached": int(_first(raw, "device_pages_cached", "cached_device_pages")),
+            "device_pages_cached": int(raw["device_pages_cached"]),
             "kv_cache_usage": active / total if total else 0.0,
-            "prefix_cache_queried_tokens": int(
-                _first(
-                    raw, "prefix_cache_queried_tokens", "queried_tokens", "prefix_queried_tokens"
-                )
-            ),
-            "prefix_cache_hit_tokens": int(
-                _first(raw, "prefix_cache_hit_tokens", "hit_tokens", "prefix_hit_tokens")
-            ),
-            "num_preemptions": int(_first(raw, "num_preemptions", "preemptions", "num_retracted")),
-            "unfinished_requests": int(raw.get("num_unfinished", 0)),
-            "spec_draft_tokens": int(raw.get("spec_draft_tokens", 0)),
-            "spec_accepted_tokens": int(raw.get("spec_accepted_tokens", 0)),
-            "spec_drafts": int(raw.get("spec_drafts", 0)),
+            "prefix_cache_queried_tokens": int(raw["prefix_cache_queried_tokens"]),
+            "prefix_cache_hit_tokens": int(raw["prefix_cache_hit_tokens"]),
+            "num_preemptions": int(raw["num_preemptions"]),
+            "unfinished_requests": int(raw["num_unfinished"]),
+            "spec_draft_tokens": int(raw["spec_draft_tokens"]),
+            "spec_accepted_tokens": int(raw["spec_accepted_tokens"]),
+            "spec_drafts": int(raw["spec_drafts"]),
             "scheduler": raw,
             **({"kernels": _kernel_selections()} if detail else {}),
             **({"live": self.live.view(self.loop)} if live else {}),
@@ -279,14 +258,8 @@ def _plain(v: Any) -> Any:
 def _kernel_selections() -> dict[str, Any]:
     """The kernel registry's selection record (what ran, and why), as plain data."""
     try:
-        import tokenspeed.kernels as kernels
-    except Exception as e:  # a kernels build problem must not hide the rest of the info
+        from tokenspeed.kernels import kernel_info
+
+        return _plain(kernel_info())
+    except Exception as e:  # noqa: BLE001 - a kernels problem must not hide the rest of the info
         return {"error": f"tokenspeed.kernels unavailable: {e}"}
-    for name in ("kernel_info", "selection_records"):
-        fn = getattr(kernels, name, None)
-        if callable(fn):
-            try:
-                return _plain(fn()) if name == "kernel_info" else {"selections": _plain(fn())}
-            except Exception as e:
-                return {"error": str(e)}
-    return {}
