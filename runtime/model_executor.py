@@ -183,7 +183,7 @@ class ModelExecutor:
         if not runner.capture():
             return
         self.graph_runner = runner
-        multi = getattr(self.attn_backend, "multi_token_decode", False)
+        multi = self.attn_backend.multi_token_decode
         if self.spec_tokens > 1 and multi and max_bs >= self.spec_tokens:
             verify = CudaGraphRunner(self.model, self.attn_backend, self.kv_pool, **common,
                                      q_len=self.spec_tokens, pool=runner.pool)  # fmt: skip
@@ -408,7 +408,7 @@ class ModelExecutor:
         if mode is ForwardMode.DECODE:
             per = 1 + lens
             q_len = 1
-            if getattr(self.attn_backend, "multi_token_decode", False):
+            if self.attn_backend.multi_token_decode:
                 # every block padded to the widest, or to the verify graphs' width (the
                 # padding's tokens are never kept)
                 q_len = self.spec_tokens if self.verify_graph_runner else int(per.max())

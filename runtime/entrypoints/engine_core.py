@@ -50,7 +50,7 @@ class EngineCore:
                 "page_size": int(ex.page_size),
                 "device_pages": pages,
                 "device_tokens": pages * int(ex.page_size),
-                "host_pages": int(getattr(ex, "num_host_pages", 0) or 0),
+                "host_pages": int(ex.num_host_pages),
             },
             "eos_token_ids": sorted(self.loop.eos_token_ids),
             "kernels": _kernel_selections(),

@@ -22,6 +22,10 @@ class AttentionBackend(ABC):
     """Metadata init, CUDA-graph hooks, ``forward_extend`` (with cached prefix), ``forward_decode``."""
 
     name: str = "abstract"
+    #: whether a decode batch may hold ``batch.extras["decode_q_len"]`` consecutive rows per
+    #: request (a speculative block) decoded as one multi-token query; otherwise each
+    #: drafted position is a decode row of its own
+    multi_token_decode: bool = False
 
     def __init__(self, kv_pool: PagedKVPool) -> None:
         self.kv_pool = kv_pool

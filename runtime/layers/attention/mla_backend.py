@@ -71,9 +71,7 @@ class MLAAttentionBackend(PagedAttentionBackend):
 
     name = "mla"
     kv_pool: MLAKVPool
-    #: a decode batch may hold ``batch.extras["decode_q_len"]`` consecutive rows per request
-    #: (a speculative block), decoded as one ``q_len``-token query (causal inside the block)
-    multi_token_decode = True
+    multi_token_decode = True  # a block's rows are one query, causal inside the block
 
     def __init__(self, kv_pool: MLAKVPool, solution: str | None = None) -> None:
         super().__init__(kv_pool, None)
