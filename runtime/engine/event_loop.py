@@ -496,13 +496,14 @@ class EventLoop:
     def _cached_tokens(self, request_id: str) -> int | None:
         """The scheduler's prefix-cache hit for a request (device + host), in tokens."""
         stats = self._scheduler_request_stats(request_id)
-        cached = getattr(stats, "cached_tokens", None)
-        return None if cached is None else int(cached)
+        return None if stats is None else int(stats.cached_tokens)
 
     def _scheduler_request_stats(self, request_id: str) -> Any:
+        """The scheduler's RequestStats, or None for a request it never admitted (aborted
+        while its grammar compiled)."""
         try:
             return self.scheduler.request_stats(request_id)
-        except Exception:  # noqa: BLE001 - stats are best effort, never fail a request
+        except KeyError:  # the scheduler's UnknownRequestError
             return None
 
     def _finalise(self, req: Request, reason: str, scheduler_stats: Any) -> None:

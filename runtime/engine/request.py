@@ -73,9 +73,8 @@ class Request:
         end = self.finished_at or time.perf_counter()
         started = self.first_scheduled or end
         first = self.first_token or end
-        cached = int(
-            _field(scheduler_stats, ("cached_tokens", "cache_tokens", "prefix_hit_tokens"), 0)
-        )
+        # the scheduler's RequestStats; None when it no longer knows the request
+        cached = int(scheduler_stats.cached_tokens) if scheduler_stats is not None else 0
         n_out = len(self.output_ids)
         decode_s = end - first
         self.stats = RequestStats(
@@ -87,26 +86,14 @@ class Request:
             prefill_ms=(first - started) * 1e3,
             ttft_ms=(first - self.arrival) * 1e3,
             total_ms=(end - self.arrival) * 1e3,
-            preempt_ms=float(_field(scheduler_stats, ("preempt_ms", "preempted_ms"), 0.0)),
-            preempt_count=int(_field(scheduler_stats, ("preempt_count", "num_preemptions"), 0)),
+            preempt_ms=float(scheduler_stats.preempt_ms) if scheduler_stats is not None else 0.0,
+            preempt_count=int(scheduler_stats.preempt_count) if scheduler_stats is not None else 0,
             decode_tps=(n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0,
             # each step after the first token gave one token plus the drafts it accepted
             acc_len=(n_out - 1) / (n_out - 1 - self.spec_accepted) if n_out > 1 else 1.0,
             acc_rate=self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0,
         )
         return self.stats
-
-
-def _field(obj: Any, names: tuple[str, ...], default: Any) -> Any:
-    """Read the first present field of a scheduler stats object or dict."""
-    if obj is None:
-        return default
-    for name in names:
-        if isinstance(obj, dict) and name in obj:
-            return obj[name]
-        if hasattr(obj, name):
-            return getattr(obj, name)
-    return default
 
 
 @dataclass(slots=True)
