@@ -10,8 +10,9 @@ so what is left is the engine's own per-step cost. Each step is split into:
   executor    the stub's own host work (sample rows, request ids, the token array)
   engine      everything else: EventLoop.step() in Python (slot binding, stop checks,
               ForwardResult/Finish events, per-request updates)
-  wire        (separate, not in the step) EngineCore turning the step's updates into the
-              per-request msgpack dicts the engine process sends
+  wire        (separate, not in the step) what the engine process does with the step's
+              updates before the next: EngineCore.outputs (the message body, the live
+              counters) and its msgpack encoding
 
 Usage: python benchmarks/engine_step_overhead.py [--quick] [--batches 64,256,1024] [--out PATH]
 """
@@ -35,7 +36,8 @@ import numpy as np  # noqa: E402
 
 import tokenspeed.scheduler as ts  # noqa: E402
 from tokenspeed.runtime.engine.event_loop import EventLoop  # noqa: E402
-from tokenspeed.runtime.entrypoints.engine_core import EngineCore  # noqa: E402
+from tokenspeed.runtime.entrypoints import ipc  # noqa: E402
+from tokenspeed.runtime.entrypoints.engine_core import EngineCore, LiveCounters  # noqa: E402
 from tokenspeed.runtime.model_executor import StepOutput  # noqa: E402
 from tokenspeed.runtime.sampling import SamplingParams  # noqa: E402
 
@@ -121,8 +123,10 @@ def decode_point(batch: int, steps: int) -> dict[str, Any]:
     for _ in range(warm_steps):
         loop.step()
     assert sched.stats().num_decoding == batch
-    core = EngineCore.__new__(EngineCore)  # only _item: no model, no sockets
+    core = EngineCore.__new__(EngineCore)  # only outputs(): no model, no sockets
     core._top_k = {}
+    core.live = LiveCounters()
+    core.loop = loop
     total, sched_t, exec_t, wire_t = [], [], [], []
     for _ in range(steps):
         sched.ns = ex.ns = 0
@@ -132,9 +136,10 @@ def decode_point(batch: int, steps: int) -> dict[str, Any]:
         sched_t.append(sched.ns)
         exec_t.append(ex.ns)
         t0 = clock()
-        items = [core._item(u) for u in updates]
+        out = core.outputs(updates)
+        ipc.pack({"type": ipc.OUTPUTS, **out})
         wire_t.append(clock() - t0)
-        assert len(items) == batch
+        assert len(out["rids"]) + len(out["items"]) == batch
     engine_t = [t - s - e for t, s, e in zip(total, sched_t, exec_t, strict=True)]
     warm = len(total) // 10  # drop the first 10%
     return {

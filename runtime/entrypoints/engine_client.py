@@ -199,6 +199,11 @@ class EngineClient:
             kind = msg["type"]
             if kind == ipc.OUTPUTS:
                 received = time.time()
+                # one token each for most requests, as two columns (EngineCore.outputs)
+                for rid, token in zip(msg["rids"], msg["tokens"], strict=True):
+                    queue = self.queues.get(rid)
+                    if queue is not None:
+                        queue.put_nowait({"rid": rid, "ids": [token], "received": received})
                 for item in msg["items"]:
                     queue = self.queues.get(item["rid"])
                     if queue is not None:

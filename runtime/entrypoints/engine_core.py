@@ -83,12 +83,34 @@ class EngineCore:
     def has_work(self) -> bool:
         return self.loop.has_work()
 
-    def step(self) -> list[dict[str, Any]]:
-        """One scheduler plan executed; one dict per request that gained tokens or finished."""
+    def step(self) -> dict[str, list[Any]]:
+        """One scheduler plan executed; what it produced, as the body of one OUTPUTS message."""
         updates = self.loop.step()
         self.publish_kv_events()
-        self.live.observe(updates, self.loop.requests)
-        return [self._item(u) for u in updates]
+        return self.outputs(updates)
+
+    def outputs(self, updates: list[RequestUpdate]) -> dict[str, list[Any]]:
+        """A step's updates as the wire carries them; each request appears at most once.
+
+        ``rids`` and ``tokens``: the requests that gained exactly one token and have nothing
+        else to report (all of a decode step but first tokens, logprobs and finishes), as two
+        columns: a dict per request cost the engine process six times as much to build and
+        pack at 1024 decoding requests (docs/performance.md). ``items``: a dict per other
+        update (``_item``).
+        """
+        rids: list[str] = []
+        tokens: list[int] = []
+        others: list[RequestUpdate] = []
+        for u in updates:
+            ids = u.new_token_ids
+            if (len(ids) == 1 and u.cached_tokens is None and not u.finished
+                    and not u.new_logprobs and u.error is None):  # fmt: skip
+                rids.append(u.request_id)
+                tokens.append(ids[0])
+            else:
+                others.append(u)
+        self.live.observe(len(rids), others, self.loop.requests)
+        return {"rids": rids, "tokens": tokens, "items": [self._item(u) for u in others]}
 
     def _item(self, u: RequestUpdate) -> dict[str, Any]:
         if u.error is not None:  # the client gets a 400 with the message
@@ -186,8 +208,13 @@ class LiveCounters:
         self.prompt_tokens = 0  # prompts of requests that produced their first token
         self.generation_tokens = 0
 
-    def observe(self, updates: list[RequestUpdate], requests: dict[str, Any]) -> None:
-        """Add one step's new tokens; a request's prompt counts when its first token arrives."""
+    def observe(
+        self, plain_tokens: int, updates: list[RequestUpdate], requests: dict[str, Any]
+    ) -> None:
+        """Add one step's new tokens: ``plain_tokens`` one-token updates that are never a
+        request's first (a first token carries ``cached_tokens``), and the other ``updates``,
+        where a request's prompt counts when its first token arrives."""
+        self.generation_tokens += plain_tokens
         for u in updates:
             n = len(u.new_token_ids)
             if not n:

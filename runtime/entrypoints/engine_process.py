@@ -99,9 +99,9 @@ class EngineServer:
             if not self.running:
                 break
             if self.core.has_work():
-                items = self.core.step()
-                if items:
-                    self.send({"type": ipc.OUTPUTS, "items": items})
+                out = self.core.step()
+                if out["rids"] or out["items"]:
+                    self.send({"type": ipc.OUTPUTS, **out})
             elif os.getppid() != self.parent:
                 logger.error("the server process is gone; engine exiting")
                 break

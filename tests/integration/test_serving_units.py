@@ -180,8 +180,44 @@ def test_engine_params_build_runtime_sampling_params() -> None:
 
 
 def test_ipc_messages_round_trip() -> None:
-    msg = {"type": ipc.OUTPUTS, "items": [{"rid": "a", "ids": [1, 2], "top": [[[3, -0.5]]]}]}
+    msg = {"type": ipc.OUTPUTS, "rids": ["b"], "tokens": [4],
+           "items": [{"rid": "a", "ids": [1, 2], "top": [[[3, -0.5]]]}]}  # fmt: skip
     assert ipc.unpack(ipc.pack(msg)) == msg
+
+
+def test_step_outputs_carry_plain_one_token_updates_as_columns() -> None:
+    """Decoding requests' single tokens travel as two columns; anything else a request has
+    to report (its first token's cache hit, several tokens, logprobs, the end, an error)
+    travels as its own item, and every update lands in exactly one of the two."""
+    from types import SimpleNamespace
+
+    from tokenspeed.runtime.engine.request import RequestStats, RequestUpdate
+    from tokenspeed.runtime.entrypoints.engine_core import EngineCore, LiveCounters
+
+    core = EngineCore.__new__(EngineCore)  # the wire format only: no model, no sockets
+    core._top_k = {"lp": 1}
+    core.live = LiveCounters()
+    core.loop = SimpleNamespace(requests={})
+    stats = RequestStats(prompt_tokens=3, output_tokens=2)
+    out = core.outputs([
+        RequestUpdate("a", [5]),
+        RequestUpdate("first", [6], cached_tokens=16),
+        RequestUpdate("b", [7]),
+        RequestUpdate("spec", [8, 9]),
+        RequestUpdate("lp", [10], new_logprobs=[{10: -0.25, 11: -2.0}]),
+        RequestUpdate("done", [12], finished=True, finish_reason="length", stats=stats),
+        RequestUpdate("bad", [], finished=True, finish_reason="abort", error="no grammar"),
+    ])  # fmt: skip
+    assert (out["rids"], out["tokens"]) == (["a", "b"], [5, 7])
+    items = {item["rid"]: item for item in out["items"]}
+    assert list(items) == ["first", "spec", "lp", "done", "bad"]
+    assert items["first"] == {"rid": "first", "ids": [6], "cached_tokens": 16}
+    assert items["spec"] == {"rid": "spec", "ids": [8, 9]}
+    assert items["lp"]["logprobs"] == [-0.25] and items["lp"]["top"] == [[(10, -0.25)]]
+    assert items["done"]["finish"] == "length" and items["done"]["stats"]["output_tokens"] == 2
+    assert items["bad"] == {"rid": "bad", "error": "no grammar"}
+    assert core.live.generation_tokens == 7  # a, b; first, spec (two), lp, done
+    assert ipc.unpack(ipc.pack({"type": ipc.OUTPUTS, **out}))["rids"] == ["a", "b"]
 
 
 def test_metrics_expose_engine_snapshot_and_server_observations() -> None:

@@ -31,13 +31,13 @@ def test_live_counters_count_generated_tokens_and_prompts_at_first_token() -> No
     c = LiveCounters()
     live = {"a": _req("a", 10, 1, 0.0, 1.0), "b": _req("b", 7, 5, 0.0, 1.0)}
     done = RequestStats(prompt_tokens=30, output_tokens=1)
-    c.observe([
+    c.observe(4, [  # 4 one-token updates of decoding requests: their tokens count
         RequestUpdate("a", [5], None, False, None),  # a's first token: its prompt counts
         RequestUpdate("b", [5], None, False, None),  # b is decoding: only the token counts
         RequestUpdate("c", [5], None, True, "length", done),  # finished on its first token
         RequestUpdate("d", [], None, True, "abort"),  # aborted: nothing new
     ], live)  # fmt: skip
-    assert (c.prompt_tokens, c.generation_tokens) == (40, 3)
+    assert (c.prompt_tokens, c.generation_tokens) == (40, 7)
 
 
 class _Scheduler:
