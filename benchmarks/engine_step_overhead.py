@@ -9,7 +9,7 @@ so what is left is the engine's own per-step cost. Each step is split into:
   scheduler   time inside next_execution_plan() + advance() (the C++ scheduler)
   executor    the stub's own host work (sample rows, request ids, the token array)
   engine      everything else: EventLoop.step() in Python (slot binding, stop checks,
-              ForwardResult/Finish events, per-request updates)
+              ForwardResult/Finish events, the step's token columns and updates)
   wire        (separate, not in the step) what the engine process does with the step's
               updates before the next: EngineCore.outputs (the message body, the live
               counters) and its msgpack encoding
@@ -131,12 +131,12 @@ def decode_point(batch: int, steps: int) -> dict[str, Any]:
     for _ in range(steps):
         sched.ns = ex.ns = 0
         t0 = clock()
-        updates = loop.step()
+        step = loop.step()
         total.append(clock() - t0)
         sched_t.append(sched.ns)
         exec_t.append(ex.ns)
         t0 = clock()
-        out = core.outputs(updates)
+        out = core.outputs(step)
         ipc.pack({"type": ipc.OUTPUTS, **out})
         wire_t.append(clock() - t0)
         assert len(out["rids"]) + len(out["items"]) == batch

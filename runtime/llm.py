@@ -124,11 +124,15 @@ class LLM:
                 submitted.append(rid)
             pending = set(rids)
             while pending:
-                for update in self.engine.step():
+                step = self.engine.step()
+                for update in step.updates:
                     if update.request_id in pending:
                         self._apply(results[update.request_id], update, by_id[update.request_id])
                         if update.finished:
                             pending.discard(update.request_id)
+                for rid, token in zip(step.rids, step.tokens, strict=True):
+                    if rid in pending:  # a decoding request's one new token
+                        results[rid].outputs[0].token_ids.append(token)
                 self._check_stop_strings(results, pending, by_id)
         except BaseException:
             for rid in submitted:

@@ -8,6 +8,7 @@ runs exactly what the plan says.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import time
 from collections import deque
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenspeed.runtime.engine.request import Request, RequestUpdate
+from tokenspeed.runtime.engine.request import Request, RequestUpdate, StepUpdates
 from tokenspeed.runtime.forward_batch import ForwardMode
 from tokenspeed.runtime.grammar.backend import GrammarBackend
 from tokenspeed.runtime.model_executor import ExecutorConfig, ModelExecutor, StepOutput
@@ -242,10 +243,12 @@ class EventLoop:
         return bool(self.requests) or bool(self._pending_updates)
 
     # ---- the step -----------------------------------------------------------------------
-    def step(self) -> list[RequestUpdate]:
+    def step(self) -> StepUpdates:
         """Run one plan; return what each touched request gained (and who finished)."""
         sched = self._proto()
-        updates, self._pending_updates = self._pending_updates, []
+        out = StepUpdates(updates=self._pending_updates)
+        self._pending_updates = []
+        updates = out.updates
         if self._compiling:
             self._admit_compiled(updates)
         plan = self.scheduler.next_execution_plan()
@@ -266,11 +269,11 @@ class EventLoop:
             if mode is not ForwardMode.IDLE and fwd.batch_size:
                 self._bind_slots(fwd, mode)
                 result = self.executor.execute(fwd)
-                events.extend(self._process(fwd, result, updates))
+                events.extend(self._process(fwd, result, out))
         if events:
             self.scheduler.advance(events)
         self.num_steps += 1
-        return updates
+        return out
 
     def _bind_slots(self, fwd: Any, mode: ForwardMode) -> None:
         """Install sampling state for requests new to their pool slot; note first scheduling.
@@ -346,16 +349,17 @@ class EventLoop:
         self._wide_stop = grow(self._wide_stop, False)
         self._stop_tab = grow(self._stop_tab, -1)
 
-    def _process(self, fwd: Any, result: StepOutput, updates: list[RequestUpdate]) -> list[Any]:
+    def _process(self, fwd: Any, result: StepOutput, out: StepUpdates) -> list[Any]:
         """Append sampled tokens, check stop conditions, build the scheduler events.
 
         One ``ForwardResult`` reports the whole forward (the scheduler walks its sampled
-        requests in C++); stop checks are numpy over the sampled slots; Python touches every
-        sampled request only to append its token and build its ``RequestUpdate``, and does
-        more only for the few that got their first token, asked for logprobs or finished.
+        requests in C++); stop checks are numpy over the sampled slots; the tokens are
+        appended and the step's columns (``out.rids``, ``out.tokens``) filled by C-level maps,
+        and Python builds a ``RequestUpdate`` only for the few that got their first token,
+        asked for logprobs or finished.
         """
         if result.counts is not None:
-            return self._process_verified(fwd, result, updates)
+            return self._process_verified(fwd, result, out.updates)
         sched = self._proto()
         rows = np.asarray(result.rows, dtype=np.int64)
         if len(rows) == 0:
@@ -386,17 +390,25 @@ class EventLoop:
         done = stop | (n_out >= self._max_new[slots])
         # The per-request part: C-level maps over object-array gathers.
         tok_list = tokens.tolist()
+        rid_list = self._slot_rid[slots].tolist()
         deque(map(list.append, self._slot_out[slots].tolist(), tok_list), maxlen=0)
-        step_updates = list(
-            map(RequestUpdate, self._slot_rid[slots].tolist(), tokens.reshape(-1, 1).tolist())
-        )
-        updates.extend(step_updates)
         # The few that need more: first token (time it, report the cached prefix), logprobs,
-        # and finishing.
+        # and finishing; the rest go out as columns.
         first = np.flatnonzero(prev == 0).tolist()
         lp = np.flatnonzero(self._want_lp[slots]).tolist() if result.logprobs is not None else []
         ended = np.flatnonzero(done).tolist()
-        if first or lp or ended:
+        if not (first or lp or ended):
+            out.rids += rid_list
+            out.tokens += tok_list
+        else:
+            plain = np.ones(len(slots), dtype=bool)
+            plain[first + lp + ended] = False
+            keep = plain.tolist()
+            out.rids += itertools.compress(rid_list, keep)
+            out.tokens += itertools.compress(tok_list, keep)
+            special = np.flatnonzero(~plain).tolist()
+            step_updates = {j: RequestUpdate(rid_list[j], [tok_list[j]]) for j in special}
+            out.updates += step_updates.values()
             reqs = self._slot_req[slots]
             now = time.perf_counter()
             for j in first:

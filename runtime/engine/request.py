@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,3 +114,30 @@ class RequestUpdate:
     stats: RequestStats | None = None
     cached_tokens: int | None = None
     error: str | None = None  # the request failed before running (a grammar that did not compile)
+
+
+@dataclass(slots=True)
+class StepUpdates:
+    """What one step produced, each request at most once.
+
+    ``rids`` and ``tokens`` are the requests that gained exactly one token and have nothing
+    else to report (all of a decode step but first tokens, logprobs and finishes), kept as two
+    columns so the per-step path builds no object per decoding request; ``updates`` holds
+    every other request's ``RequestUpdate``. Iterating yields ``RequestUpdate``s for all of
+    them (the offline API and tests read it that way).
+    """
+
+    rids: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    updates: list[RequestUpdate] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[RequestUpdate]:
+        yield from self.updates
+        for rid, token in zip(self.rids, self.tokens, strict=True):
+            yield RequestUpdate(rid, [token])
+
+    def __len__(self) -> int:
+        return len(self.rids) + len(self.updates)
+
+    def __bool__(self) -> bool:
+        return bool(self.rids) or bool(self.updates)

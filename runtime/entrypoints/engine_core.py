@@ -15,7 +15,7 @@ from typing import Any
 
 from tokenspeed.runtime.config import ServerArgs
 from tokenspeed.runtime.engine.event_loop import EventLoop
-from tokenspeed.runtime.engine.request import RequestUpdate
+from tokenspeed.runtime.engine.request import RequestUpdate, StepUpdates
 from tokenspeed.runtime.entrypoints import kv_events
 from tokenspeed.runtime.model_source import resolve_model_path
 from tokenspeed.runtime.sampling import SamplingParams
@@ -89,28 +89,17 @@ class EngineCore:
         self.publish_kv_events()
         return self.outputs(updates)
 
-    def outputs(self, updates: list[RequestUpdate]) -> dict[str, list[Any]]:
+    def outputs(self, step: StepUpdates) -> dict[str, list[Any]]:
         """A step's updates as the wire carries them; each request appears at most once.
 
-        ``rids`` and ``tokens``: the requests that gained exactly one token and have nothing
-        else to report (all of a decode step but first tokens, logprobs and finishes), as two
-        columns: a dict per request cost the engine process six times as much to build and
-        pack at 1024 decoding requests (docs/performance.md). ``items``: a dict per other
-        update (``_item``).
+        ``rids`` and ``tokens``: the step's columns (requests that gained exactly one token and
+        nothing else, all of a decode step but first tokens, logprobs and finishes): a dict
+        per request cost the engine process six times as much to build and pack at 1024
+        decoding requests (docs/performance.md). ``items``: a dict per other update.
         """
-        rids: list[str] = []
-        tokens: list[int] = []
-        others: list[RequestUpdate] = []
-        for u in updates:
-            ids = u.new_token_ids
-            if (len(ids) == 1 and u.cached_tokens is None and not u.finished
-                    and not u.new_logprobs and u.error is None):  # fmt: skip
-                rids.append(u.request_id)
-                tokens.append(ids[0])
-            else:
-                others.append(u)
-        self.live.observe(len(rids), others, self.loop.requests)
-        return {"rids": rids, "tokens": tokens, "items": [self._item(u) for u in others]}
+        self.live.observe(len(step.rids), step.updates, self.loop.requests)
+        return {"rids": step.rids, "tokens": step.tokens,
+                "items": [self._item(u) for u in step.updates]}  # fmt: skip
 
     def _item(self, u: RequestUpdate) -> dict[str, Any]:
         if u.error is not None:  # the client gets a 400 with the message

@@ -185,13 +185,13 @@ def test_ipc_messages_round_trip() -> None:
     assert ipc.unpack(ipc.pack(msg)) == msg
 
 
-def test_step_outputs_carry_plain_one_token_updates_as_columns() -> None:
+def test_step_outputs_carry_the_columns_and_an_item_per_other_update() -> None:
     """Decoding requests' single tokens travel as two columns; anything else a request has
     to report (its first token's cache hit, several tokens, logprobs, the end, an error)
-    travels as its own item, and every update lands in exactly one of the two."""
+    travels as its own item."""
     from types import SimpleNamespace
 
-    from tokenspeed.runtime.engine.request import RequestStats, RequestUpdate
+    from tokenspeed.runtime.engine.request import RequestStats, RequestUpdate, StepUpdates
     from tokenspeed.runtime.entrypoints.engine_core import EngineCore, LiveCounters
 
     core = EngineCore.__new__(EngineCore)  # the wire format only: no model, no sockets
@@ -199,15 +199,13 @@ def test_step_outputs_carry_plain_one_token_updates_as_columns() -> None:
     core.live = LiveCounters()
     core.loop = SimpleNamespace(requests={})
     stats = RequestStats(prompt_tokens=3, output_tokens=2)
-    out = core.outputs([
-        RequestUpdate("a", [5]),
+    out = core.outputs(StepUpdates(["a", "b"], [5, 7], [
         RequestUpdate("first", [6], cached_tokens=16),
-        RequestUpdate("b", [7]),
         RequestUpdate("spec", [8, 9]),
         RequestUpdate("lp", [10], new_logprobs=[{10: -0.25, 11: -2.0}]),
         RequestUpdate("done", [12], finished=True, finish_reason="length", stats=stats),
         RequestUpdate("bad", [], finished=True, finish_reason="abort", error="no grammar"),
-    ])  # fmt: skip
+    ]))  # fmt: skip
     assert (out["rids"], out["tokens"]) == (["a", "b"], [5, 7])
     items = {item["rid"]: item for item in out["items"]}
     assert list(items) == ["first", "spec", "lp", "done", "bad"]

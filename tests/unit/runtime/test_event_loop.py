@@ -114,3 +114,33 @@ def test_min_tokens_defers_eos(checkpoints, prompts, references):
     )
     assert out["r0"] == [eos] and run.finished["r0"].finish_reason == "stop"
     assert len(out["r1"]) >= 5 and eos not in out["r1"][:5]
+
+
+def test_a_step_sends_plain_decode_tokens_as_columns_and_the_rest_as_updates(
+    checkpoints, prompts, references
+):
+    """Every sampled token reaches the caller once: a request's first token (with its cache
+    hit) and its last (with the finish) as ``RequestUpdate``s, the tokens between as the
+    step's ``rids``/``tokens`` columns; and the columns equal the tokens transformers gives."""
+    loop = make_loop(checkpoints["llama"])
+    limits = [NUM_NEW, 5, NUM_NEW, 9]
+    for i, (p, n) in enumerate(zip(prompts[:4], limits, strict=True)):
+        loop.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=n))
+    got: dict[str, list[int]] = {f"r{i}": [] for i in range(4)}
+    columns = 0
+    while loop.has_work():
+        step = loop.step()
+        special = {u.request_id: u for u in step.updates}
+        assert not special.keys() & set(step.rids)  # each request at most once per step
+        for rid, token in zip(step.rids, step.tokens, strict=True):
+            assert got[rid], "a first token travels as an update, with its cache hit"
+            got[rid].append(token)
+            columns += 1
+        for rid, u in special.items():
+            assert (u.cached_tokens is not None) == (not got[rid])  # first token
+            assert u.finished == (len(got[rid]) + len(u.new_token_ids) == limits[int(rid[1])])
+            got[rid].extend(u.new_token_ids)
+        assert [u.request_id for u in step] == [*special, *step.rids]
+    assert columns == sum(limits) - 2 * 4
+    ref = references["llama"][0]
+    assert [got[f"r{i}"] for i in range(4)] == [ref[i][:n] for i, n in enumerate(limits)]
