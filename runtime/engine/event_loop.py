@@ -354,9 +354,9 @@ class EventLoop:
 
         One ``ForwardResult`` reports the whole forward (the scheduler walks its sampled
         requests in C++); stop checks are numpy over the sampled slots; the tokens are
-        appended and the step's columns (``out.rids``, ``out.tokens``) filled by C-level maps,
-        and Python builds a ``RequestUpdate`` only for the few that got their first token,
-        asked for logprobs or finished.
+        appended by a C-level map and the step's columns (``out.rids``, ``out.tokens``) filled
+        by list extends, and Python builds a ``RequestUpdate`` only for the few that got their
+        first token, asked for logprobs or finished.
         """
         if result.counts is not None:
             return self._process_verified(fwd, result, out.updates)

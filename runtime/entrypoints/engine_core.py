@@ -85,9 +85,9 @@ class EngineCore:
 
     def step(self) -> dict[str, list[Any]]:
         """One scheduler plan executed; what it produced, as the body of one OUTPUTS message."""
-        updates = self.loop.step()
+        step = self.loop.step()
         self.publish_kv_events()
-        return self.outputs(updates)
+        return self.outputs(step)
 
     def outputs(self, step: StepUpdates) -> dict[str, list[Any]]:
         """A step's updates as the wire carries them; each request appears at most once.
@@ -278,4 +278,4 @@ def _kernel_selections() -> dict[str, Any]:
 
         return _plain(kernel_info())
     except Exception as e:  # noqa: BLE001 - a kernels problem must not hide the rest of the info
-        return {"error": f"tokenspeed.kernels unavailable: {e}"}
+        return {"error": f"the kernel selection record is unavailable: {e}"}
