@@ -159,7 +159,7 @@ def test_a_deleted_engine_leaves_no_device_memory_behind():
         torch.cuda.empty_cache()
         return torch.cuda.memory_allocated()
 
-    gc.collect()  # engines of earlier tests (reference cycles) give their memory back first
+    gc.collect()  # whatever earlier tests left for the collector goes before the baseline
     build_run_delete()
     first = build_run_delete()
     assert build_run_delete() - first < 1 << 20
