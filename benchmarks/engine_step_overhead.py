@@ -4,7 +4,10 @@ Not a test: it measures and writes JSON (benchmarks/results/engine_step_overhead
 
 N requests decode through the real ``EventLoop`` and ``Scheduler``; the model executor is a
 stub that returns a fixed (non-stop) token for every sampled request with no model compute,
-so what is left is the engine's own per-step cost. Each step is split into:
+so what is left is the engine's own per-step cost. With ``--spec-tokens K`` (K > 1) every
+decode step is a verified speculative step: the stub reports 1 to K accepted tokens per
+request (a fixed pattern, mean (K + 1) / 2) and K - 1 drafts, as the MTP / n-gram verify
+does. Each step is split into:
 
   scheduler   time inside next_execution_plan() + advance() (the C++ scheduler)
   executor    the stub's own host work (sample rows, request ids, the token array)
@@ -14,7 +17,8 @@ so what is left is the engine's own per-step cost. Each step is split into:
               updates before the next: EngineCore.outputs (the message body, the live
               counters) and its msgpack encoding
 
-Usage: python benchmarks/engine_step_overhead.py [--quick] [--batches 64,256,1024] [--out PATH]
+Usage: python benchmarks/engine_step_overhead.py [--quick] [--batches 64,256,1024]
+       [--spec-tokens K] [--out PATH]
 """
 
 from __future__ import annotations
@@ -49,11 +53,14 @@ clock = time.perf_counter_ns
 
 
 class StubExecutor:
-    """The executor's host-side contract with no model: one fixed token per sampled row."""
+    """The executor's host-side contract with no model: one fixed token per sampled row, or
+    with ``spec_tokens`` > 1 a verified block of 1 to ``spec_tokens`` tokens per decode row."""
 
-    def __init__(self, max_model_len: int) -> None:
+    def __init__(self, max_model_len: int, spec_tokens: int = 1) -> None:
         self.max_model_len = max_model_len
         self.hf_config = SimpleNamespace(vocab_size=VOCAB, eos_token_ids=lambda: [0])
+        self.spec_tokens = spec_tokens
+        self.steps = 0
         self.ns = 0
 
     def install_request(self, *args: Any) -> None:
@@ -62,7 +69,16 @@ class StubExecutor:
     def execute(self, op: Any) -> StepOutput:
         t0 = clock()
         rows = np.flatnonzero(op.sample_mask)
-        out = StepOutput(rows, np.full(len(rows), TOKEN, np.int64))
+        k = self.spec_tokens
+        if k == 1:
+            out = StepOutput(rows, np.full(len(rows), TOKEN, np.int64))
+        else:  # decode rows accept 1..k tokens in turn; a prefill's last chunk samples one
+            decode = np.asarray(op.prefix_lens)[rows] >= PROMPT_LEN
+            counts = np.where(decode, (rows + self.steps) % k + 1, 1)
+            drafted = np.where(decode, k - 1, 0)
+            tokens = np.full(int(counts.sum()), TOKEN, np.int64)
+            out = StepOutput(rows, tokens, counts=counts, drafted=drafted)
+        self.steps += 1
         self.ns += clock() - t0
         return out
 
@@ -103,17 +119,18 @@ def summarize(xs_ns: list[int]) -> dict[str, float]:
     }
 
 
-def decode_point(batch: int, steps: int) -> dict[str, Any]:
+def decode_point(batch: int, steps: int, spec_tokens: int = 1) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     warm_steps = 64  # prefill (about batch * PROMPT_LEN / 8192 steps) and a few decodes
-    max_len = PROMPT_LEN + warm_steps + steps + 64
-    ex = StubExecutor(max_len)
+    max_len = PROMPT_LEN + (warm_steps + steps) * spec_tokens + 64
+    ex = StubExecutor(max_len, spec_tokens)
     cfg = ts.SchedulerConfig(
         page_size=PAGE_SIZE,
         num_device_pages=batch * (-(-max_len // PAGE_SIZE)) + 64,
-        max_scheduled_tokens=8192,
+        max_scheduled_tokens=8192 * spec_tokens,
         max_batch_size=batch,
         max_model_len=max_len,
+        decode_input_tokens=spec_tokens,
     )
     sched = TimedScheduler(ts.Scheduler(cfg))
     loop = EventLoop(ex, sched, eos_token_ids=[0])  # type: ignore[arg-type]
@@ -139,11 +156,12 @@ def decode_point(batch: int, steps: int) -> dict[str, Any]:
         out = core.outputs(step)
         ipc.pack({"type": ipc.OUTPUTS, **out})
         wire_t.append(clock() - t0)
-        assert len(out["rids"]) + len(out["items"]) == batch
+        assert len(out["rids"]) + len(out.get("block_rids", ())) + len(out["items"]) == batch
     engine_t = [t - s - e for t, s, e in zip(total, sched_t, exec_t, strict=True)]
     warm = len(total) // 10  # drop the first 10%
     return {
         "batch": batch,
+        "spec_tokens": spec_tokens,
         "steps": steps - warm,
         "step": summarize(total[warm:]),
         "scheduler": summarize(sched_t[warm:]),
@@ -154,9 +172,9 @@ def decode_point(batch: int, steps: int) -> dict[str, Any]:
     }
 
 
-def best_of(repeats: int, batch: int, steps: int) -> dict[str, Any]:
+def best_of(repeats: int, batch: int, steps: int, spec_tokens: int) -> dict[str, Any]:
     """The run with the lowest median step: other processes on a small VM only add time."""
-    runs = [decode_point(batch, steps) for _ in range(repeats)]
+    runs = [decode_point(batch, steps, spec_tokens) for _ in range(repeats)]
     best = dict(min(runs, key=lambda r: r["step"]["p50_us"]))
     best["step_p50_us_of_runs"] = [r["step"]["p50_us"] for r in runs]
     return best
@@ -168,6 +186,8 @@ def main() -> None:
     ap.add_argument("--batches", default="64,256,1024")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--spec-tokens", type=int, default=1,
+                    help="tokens a decode step verifies (> 1: speculative steps)")  # fmt: skip
     ap.add_argument(
         "--out",
         type=Path,
@@ -179,7 +199,7 @@ def main() -> None:
     print(f"{'batch':>6} {'step':>9} {'sched':>9} {'exec':>9} {'engine':>9} {'eng/req':>8} "
           f"{'wire':>9}  (p50 us)")  # fmt: skip
     for batch in [int(b) for b in args.batches.split(",")]:
-        r = best_of(repeats, batch, steps)
+        r = best_of(repeats, batch, steps, args.spec_tokens)
         points.append(r)
         print(
             f"{batch:>6} {r['step']['p50_us']:>9.1f} {r['scheduler']['p50_us']:>9.1f} "
@@ -196,6 +216,7 @@ def main() -> None:
         },
         "page_size": PAGE_SIZE,
         "prompt_len": PROMPT_LEN,
+        "spec_tokens": args.spec_tokens,
         "points": points,
         "date": time.strftime("%Y-%m-%d"),
         "statistic": "median step (first 10% dropped) of the best of --repeats runs",
