@@ -153,12 +153,19 @@ class ForwardBatch:
         return int(self.extend_lens_np.max()) if self.batch_size else 0
 
 
+def segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For segments of ``lengths`` laid end to end (a batch's requests' tokens or rows):
+    each element's segment and its place in it, so per-request layouts need no Python loop."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    return owner, np.arange(len(owner), dtype=np.int64) - starts[owner]
+
+
 def build_positions(prefix_lens: np.ndarray, extend_lens: np.ndarray) -> np.ndarray:
     """Per-token positions ``prefix_len .. prefix_len + extend_len - 1`` for every request."""
-    total = int(extend_lens.sum())
-    starts = np.cumsum(extend_lens) - extend_lens  # first token index of each request
-    offsets = np.arange(total, dtype=np.int64) - np.repeat(starts, extend_lens)
-    return np.repeat(prefix_lens.astype(np.int64), extend_lens) + offsets
+    owner, offsets = segments(extend_lens)
+    return prefix_lens.astype(np.int64)[owner] + offsets
 
 
 def build_slot_mapping(
@@ -202,11 +209,8 @@ def make_forward_batch(
         counts = np.asarray(counts, dtype=np.int64)
         sample_rows = np.flatnonzero(counts > 0).astype(np.int64)
         counts = counts[sample_rows]
-        ends = np.repeat(cu[1:][sample_rows].astype(np.int64), counts)
-        within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
-            np.cumsum(counts) - counts, counts
-        )
-        sample_idx = ends - np.repeat(counts, counts) + within
+        owner, within = segments(counts)
+        sample_idx = cu[1:][sample_rows].astype(np.int64)[owner] - counts[owner] + within
 
     staging = _staging(device) if device.type == "cuda" and pin else None
     if staging is not None:

@@ -133,6 +133,9 @@ class LLM:
                 for rid, token in zip(step.rids, step.tokens, strict=True):
                     if rid in pending:  # a decoding request's one new token
                         results[rid].outputs[0].token_ids.append(token)
+                for rid, block in zip(step.block_rids, step.blocks, strict=True):
+                    if rid in pending:  # a verified block (speculative decoding)
+                        results[rid].outputs[0].token_ids.extend(block)
                 self._check_stop_strings(results, pending, by_id)
         except BaseException:
             for rid in submitted:

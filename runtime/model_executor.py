@@ -21,6 +21,7 @@ from tokenspeed.runtime.forward_batch import (
     ForwardMode,
     SyntheticOp,
     make_forward_batch,
+    segments,
 )
 from tokenspeed.runtime.kv_pool import (
     AnyKVLayout,
@@ -393,11 +394,10 @@ class ModelExecutor:
             )
             for i, d in zip(can.tolist(), proposed, strict=True):
                 drafts[i] = d
-        lens = np.array([len(d) for d in drafts], dtype=np.int64)
+        lens = np.fromiter(map(len, drafts), dtype=np.int64, count=num_decode)
         extend = np.asarray(op.extend_lens, dtype=np.int64).copy()
         ids = np.asarray(op.input_ids, dtype=np.int64)
         mask = np.asarray(op.sample_mask, dtype=bool)
-        blocks = [np.concatenate([ids[i : i + 1], drafts[i]]) for i in range(num_decode)]
         if not lens.any():  # the plain decode: one position per decode request
             extend[:num_decode] = 1
             view = SyntheticOp(mode, [], pool, prefix, extend, prefix + extend, ids, tables,
@@ -405,38 +405,45 @@ class ModelExecutor:
             return view, None
         self.spec_drafted += int(lens.sum())
         self.spec_blocks += int(np.count_nonzero(lens))
+        flat_drafts = np.concatenate(drafts)
+        # each decode request's block: its last token, then its drafts
+        per = 1 + lens
+        owner, within = segments(per)
+        block_tokens = np.empty(len(owner), dtype=np.int64)
+        block_tokens[within == 0] = ids[:num_decode]
+        block_tokens[within > 0] = flat_drafts
         if mode is ForwardMode.DECODE:
-            per = 1 + lens
             q_len = 1
             if self.attn_backend.multi_token_decode:
-                # every block padded to the widest, or to the verify graphs' width (the
-                # padding's tokens are never kept)
+                # every block padded to the widest, or to the verify graphs' width, by
+                # repeating its last token (the padding's tokens are never kept)
                 q_len = self.spec_tokens if self.verify_graph_runner else int(per.max())
-                blocks = [np.pad(b, (0, q_len - len(b)), mode="edge") for b in blocks]
-                per = np.full(num_decode, q_len, dtype=np.int64)
+                padded = np.full(num_decode, q_len, dtype=np.int64)
+                owner, within = segments(padded)
+                last = np.cumsum(per) - 1
+                block_tokens = block_tokens[last[owner] - np.maximum(per[owner] - 1 - within, 0)]
+                per = padded
                 self.spec_multi_token_steps += 1
-            owner = np.repeat(np.arange(num_decode), per)
-            within = np.arange(int(per.sum()), dtype=np.int64) - np.repeat(
-                np.cumsum(per) - per, per
-            )
             positions = prefix[owner] + within
             rows = len(owner)
             view = SyntheticOp(ForwardMode.DECODE, [], pool[owner], positions,
-                               np.ones(rows, np.int64), positions + 1, np.concatenate(blocks),
+                               np.ones(rows, np.int64), positions + 1, block_tokens,
                                tables[owner], np.ones(rows, bool), num_decode=rows,
                                decode_q_len=q_len)  # fmt: skip
             blocks = _Blocks(pool[:num_decode], prefix[:num_decode], per, tables[:num_decode])
-            verify = _Verify(np.arange(num_decode), per, pool[:num_decode], drafts, num_decode)
+            verify = _Verify(np.arange(num_decode), per, pool[:num_decode], lens, flat_drafts,
+                             num_decode)  # fmt: skip
             verify.blocks = blocks
             return view, verify
-        extend[:num_decode] = 1 + lens
+        extend[:num_decode] = per
         counts = np.where(mask, 1, 0).astype(np.int64)
-        counts[:num_decode] = 1 + lens
+        counts[:num_decode] = per
         view = SyntheticOp(ForwardMode.EXTEND, [], pool, prefix, extend, prefix + extend,
-                           np.concatenate([*blocks, ids[num_decode:]]), tables, mask,
+                           np.concatenate([block_tokens, ids[num_decode:]]), tables, mask,
                            sample_counts=counts)  # fmt: skip
         sampled = np.flatnonzero(counts)
-        return view, _Verify(sampled, counts[sampled], pool[sampled], drafts, num_decode)
+        verify = _Verify(sampled, counts[sampled], pool[sampled], lens, flat_drafts, num_decode)
+        return view, verify
 
     def _verify(self, logits: torch.Tensor, v: _Verify) -> StepOutput:
         """Sample every position of each drafted block and keep the drafts up to the first
@@ -446,27 +453,27 @@ class ModelExecutor:
         rows, counts, slots = v.rows, v.counts, v.slots
         row_slots = np.repeat(slots, counts)
         starts = np.cumsum(counts) - counts
-        offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
+        _, offsets = segments(counts)
         with torch.inference_mode():
             sb = self.sampling.gather(row_slots, offsets)
             out = sample(logits, sb, self.sampling)
         sampled = out.tokens.cpu().numpy()
-        keep = np.zeros(len(sampled), dtype=bool)
+        # The decode requests are the first ``num_decode`` sampled rows; each accepts its
+        # drafts up to the first one its sampled token before differs from, plus that token
+        # (a padded block has more positions than drafts).
         accepted = np.ones(len(rows), dtype=np.int64)
-        for i, (row, start, count) in enumerate(zip(rows.tolist(), starts.tolist(),
-                                                    counts.tolist(), strict=True)):  # fmt: skip
-            n = 1
-            if count > 1:  # a decode row with drafts: they are the inputs after its last token
-                d = v.drafts[row]  # (a padded block has more rows than drafts)
-                miss = np.flatnonzero(sampled[start : start + len(d)] != d)
-                n = (int(miss[0]) if len(miss) else len(d)) + 1
-                accepted[i] = n
-            keep[start : start + n] = True
+        accepted[: v.num_decode] += v.draft_lens
+        owner, within = segments(v.draft_lens)
+        misses = np.flatnonzero(sampled[starts[owner] + within] != v.flat_drafts)
+        missed, first = np.unique(owner[misses], return_index=True)
+        accepted[missed] = within[misses[first]] + 1
+        keep = offsets < np.repeat(accepted, counts)
         with torch.inference_mode():
             self.sampling.record(slots, sb, out.tokens, advance=accepted)
         self.spec_accepted += int((accepted - 1).sum())
         tokens = sampled[keep]
-        drafted = np.array([len(v.drafts[r]) if r < v.num_decode else 0 for r in rows.tolist()])
+        drafted = np.zeros(len(rows), dtype=np.int64)
+        drafted[: v.num_decode] = v.draft_lens
         result = StepOutput(rows, tokens, counts=accepted, drafted=drafted)
         done = self.sampling.advance_grammars(sb, sampled)  # grammar rows are single rows
         if done is not None:
@@ -539,14 +546,16 @@ class _Blocks:
 
 @dataclass
 class _Verify:
-    """A step's drafted blocks: for each sampled request (``rows`` of the scheduler's op),
-    its sampled positions (``counts``, in order in the logits), pool slot and drafts (by op
-    row; the first ``num_decode`` rows only). ``blocks``: the op's requests when the view has
-    a row per position (a decode), else the view's own."""
+    """A step's drafted blocks: for each sampled request (``rows`` of the scheduler's op;
+    the decode requests, op rows ``0 .. num_decode - 1``, first), its sampled positions
+    (``counts``, in order in the logits) and pool slot; each decode request's draft count,
+    and all the drafts in one array (in request order). ``blocks``: the op's requests when the view has a
+    row per position (a decode), else the view's own."""
 
     rows: np.ndarray
     counts: np.ndarray
     slots: np.ndarray
-    drafts: list[np.ndarray]
+    draft_lens: np.ndarray
+    flat_drafts: np.ndarray
     num_decode: int
     blocks: _Blocks | None = None

@@ -42,6 +42,7 @@ from tokenspeed.runtime.forward_batch import (
     ForwardMode,
     SyntheticOp,
     make_forward_batch,
+    segments,
 )
 
 if TYPE_CHECKING:
@@ -124,10 +125,7 @@ class MTPDrafter:
         if not len(live):
             return
         slots, starts, valid, gained = slots[live], starts[live], valid[live], gained[live]
-        owner = np.repeat(np.arange(len(live)), valid)
-        within = np.arange(int(valid.sum()), dtype=np.int64) - np.repeat(
-            np.cumsum(valid) - valid, valid
-        )
+        owner, within = segments(valid)
         rows = step.row_starts[live][owner] + within
         ids = np.concatenate([nexts[i] for i in live.tolist()])
         tables = self._narrow(step.tables[live], int((starts + valid).max()))

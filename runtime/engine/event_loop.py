@@ -88,6 +88,10 @@ class EventLoop:
         self._want_lp = np.zeros(0, dtype=bool)
         self._wide_stop = np.zeros(0, dtype=bool)  # stop set too wide for the table
         self._stop_tab = np.full((0, 0), -1, dtype=np.int64)  # stop ids, padded with -1
+        # speculative decoding's per-request counts since the request was bound to the slot,
+        # added to the Request when it leaves the slot (``_flush_spec``)
+        self._spec_drafted = np.zeros(0, dtype=np.int64)
+        self._spec_accepted = np.zeros(0, dtype=np.int64)
 
     @classmethod
     def from_server_args(cls, args: Any, model_path: str | Path) -> EventLoop:
@@ -301,8 +305,12 @@ class EventLoop:
     def _install(self, slot: int, req: Request) -> None:
         """Bind ``req`` to ``slot``: the executor's sampling state and the per-slot rows."""
         old = self._slot_req[slot]
-        if old is not None and old.slot == slot:
-            old.slot = None  # it was retracted from this slot; it re-binds wherever it resumes
+        if old is not None:
+            self._flush_spec(old, slot)
+            if old.slot == slot:
+                old.slot = None  # it was retracted from this slot; it re-binds wherever it resumes
+        if req.slot is not None and req.slot < len(self._slot_req):
+            self._flush_spec(req, req.slot)  # resumed elsewhere: what it verified before
         req.slot = slot
         stop_ids = sorted(req.stop_ids)
         self.executor.install_request(
@@ -348,6 +356,16 @@ class EventLoop:
         self._want_lp = grow(self._want_lp, False)
         self._wide_stop = grow(self._wide_stop, False)
         self._stop_tab = grow(self._stop_tab, -1)
+        self._spec_drafted = grow(self._spec_drafted, 0)
+        self._spec_accepted = grow(self._spec_accepted, 0)
+
+    def _flush_spec(self, req: Request, slot: int) -> None:
+        """Add the slot's speculative counts to ``req`` (if it is the slot's request) and zero
+        them, so a count is added once whoever flushes."""
+        if self._slot_req[slot] is req:
+            req.spec_drafted += int(self._spec_drafted[slot])
+            req.spec_accepted += int(self._spec_accepted[slot])
+            self._spec_drafted[slot] = self._spec_accepted[slot] = 0
 
     def _process(self, fwd: Any, result: StepOutput, out: StepUpdates) -> list[Any]:
         """Append sampled tokens, check stop conditions, build the scheduler events.
@@ -359,7 +377,7 @@ class EventLoop:
         first token, asked for logprobs or finished.
         """
         if result.counts is not None:
-            return self._process_verified(fwd, result, out.updates)
+            return self._process_verified(fwd, result, out)
         sched = self._proto()
         rows = np.asarray(result.rows, dtype=np.int64)
         if len(rows) == 0:
@@ -373,18 +391,7 @@ class EventLoop:
         prev = self._out_len[slots]
         n_out = prev + 1
         self._out_len[slots] = n_out
-        width = self._stop_tab.shape[1]
-        if width == 1:  # the common case: one EOS id
-            stop = self._stop_tab[slots, 0] == tokens
-        elif width:
-            stop = (self._stop_tab[slots] == tokens[:, None]).any(axis=1)
-        else:
-            stop = np.zeros(len(slots), dtype=bool)
-        wide = self._wide_stop[slots]
-        if wide.any():
-            for j in np.flatnonzero(wide).tolist():
-                stop[j] = int(tokens[j]) in self._slot_req[slots[j]].stop_ids
-        stop &= n_out >= self._min_tokens[slots]
+        stop = self._stop_hits(slots, tokens) & (n_out >= self._min_tokens[slots])
         if result.grammar_done is not None:  # a complete grammar ends its request
             stop |= result.grammar_done
         done = stop | (n_out >= self._max_new[slots])
@@ -427,68 +434,104 @@ class EventLoop:
                 update.stats = req.stats
         return events
 
-    def _process_verified(
-        self, fwd: Any, result: StepOutput, updates: list[RequestUpdate]
-    ) -> list[Any]:
+    def _process_verified(self, fwd: Any, result: StepOutput, out: StepUpdates) -> list[Any]:
         """``_process`` for a step that verified drafts (speculative decoding): several
         tokens per request. Each request's tokens are checked in order, as one-token steps
         would check them: its output ends at the first stop token (once ``min_tokens`` is met)
         or at its token limit, and the tokens after are dropped (their KV lies past the
-        request's length, unused). One Python pass per sampled request."""
+        request's length, unused). The checks are numpy over the step's tokens; the blocks go
+        out as columns (``out.block_rids``, ``out.blocks``) but for first tokens, logprobs
+        and finishes, as in ``_process``."""
         sched = self._proto()
         rows = np.asarray(result.rows, dtype=np.int64)
         counts = np.asarray(result.counts, dtype=np.int64)
         slots = np.asarray(fwd.request_pool_indices, dtype=np.int64)[rows]
         if not self._slot_live[slots].all():
             raise RuntimeError("a sampled request's pool slot is not bound to a request")
-        tokens = np.asarray(result.tokens, dtype=np.int64).tolist()
-        starts = (np.cumsum(counts) - counts).tolist()
-        kept: list[int] = []
-        kept_counts: list[int] = []
-        finishes: list[Any] = []
+        tokens = np.asarray(result.tokens, dtype=np.int64)
+        # Each token's request (j, an index into rows), its place in the block, and the
+        # output length it would make.
+        starts = np.cumsum(counts) - counts
+        owner = np.repeat(np.arange(len(rows)), counts)
+        within = np.arange(len(tokens), dtype=np.int64) - starts[owner]
+        token_slots = slots[owner]
+        prev = self._out_len[slots]
+        out_len = prev[owner] + within + 1
+        stop = self._stop_hits(token_slots, tokens) & (out_len >= self._min_tokens[token_slots])
+        if result.grammar_done is not None:  # grammar rows are single rows: their one token
+            stop |= np.asarray(result.grammar_done, dtype=bool)[owner] & (within == 0)
+        ends = np.flatnonzero(stop | (out_len >= self._max_new[token_slots]))
+        # A block ends at its first end (the rest dropped); ``ends`` is in token order.
+        ended, first = np.unique(owner[ends], return_index=True)
+        end_at = ends[first]
+        kept = counts.copy()
+        kept[ended] = end_at - starts[ended] + 1
+        self._out_len[slots] = prev + kept
+        if result.drafted is not None:
+            self._spec_drafted[slots] += np.asarray(result.drafted, dtype=np.int64)
+            self._spec_accepted[slots] += np.maximum(kept - 1, 0)
+        kept_tokens = tokens[within < kept[owner]]
+        # The per-request part: list slices and C-level maps.
+        flat = kept_tokens.tolist()
+        bounds = np.cumsum(kept).tolist()
+        blocks = [flat[e - n : e] for e, n in zip(bounds, kept.tolist(), strict=True)]
+        deque(map(list.extend, self._slot_out[slots].tolist(), blocks), maxlen=0)
+        rid_list = self._slot_rid[slots].tolist()
+        first_token = np.flatnonzero(prev == 0).tolist()
+        lp = np.flatnonzero(self._want_lp[slots]).tolist() if result.logprobs is not None else []
+        events: list[Any] = [sched.ForwardResult(fwd.forward_id, kept_tokens.astype(np.int32),
+                                                 kept.tolist())]  # fmt: skip
+        if not (first_token or lp or len(ended)):
+            out.block_rids += rid_list
+            out.blocks += blocks
+            return events
+        plain = np.ones(len(rows), dtype=bool)
+        plain[first_token + lp + ended.tolist()] = False
+        keep = plain.tolist()
+        out.block_rids += itertools.compress(rid_list, keep)
+        out.blocks += itertools.compress(blocks, keep)
+        special = np.flatnonzero(~plain).tolist()
+        step_updates = {j: RequestUpdate(rid_list[j], blocks[j]) for j in special}
+        out.updates += step_updates.values()
+        reqs = self._slot_req[slots]
         now = time.perf_counter()
-        for j, slot in enumerate(slots.tolist()):
-            req: Request = self._slot_req[slot]
-            first = int(self._out_len[slot]) == 0
-            out_len, reason = int(self._out_len[slot]), None
-            toks = tokens[starts[j] : starts[j] + int(counts[j])]
-            for n, tok in enumerate(toks, 1):
-                out_len += 1
-                if tok in req.stop_ids and out_len >= self._min_tokens[slot]:
-                    reason = "stop"
-                elif result.grammar_done is not None and result.grammar_done[j]:
-                    reason = "stop"
-                elif out_len >= self._max_new[slot]:
-                    reason = "length"
-                if reason is not None:
-                    toks = toks[:n]
-                    break
-            self._out_len[slot] = out_len
-            self._slot_out[slot].extend(toks)
-            if result.drafted is not None:
-                req.spec_drafted += int(result.drafted[j])
-                req.spec_accepted += max(0, len(toks) - 1)
-            kept += toks
-            kept_counts.append(len(toks))
-            update = RequestUpdate(req.request_id, toks)
-            updates.append(update)
-            if first:
-                req.first_token = now
-                update.cached_tokens = self._cached_tokens(req.request_id)
-            if req.params.logprobs is not None and result.logprobs is not None:
-                update.new_logprobs = [
-                    entry
-                    for k, tok in enumerate(toks)
-                    for entry in self._logprobs(req, result, starts[j] + k, tok) or []
-                ]
-            if reason is not None:
-                update.finished, update.finish_reason = True, reason
-                stats = self._scheduler_request_stats(req.request_id)
-                finishes.append(sched.Finish(req.request_id, reason))
-                self._finalise(req, reason, stats)
-                update.stats = req.stats
-        flat = np.asarray(kept, dtype=np.int32)
-        return [sched.ForwardResult(fwd.forward_id, flat, kept_counts), *finishes]
+        for j in first_token:
+            reqs[j].first_token = now
+            step_updates[j].cached_tokens = self._cached_tokens(rid_list[j])
+        block_starts = starts.tolist()
+        for j in lp:  # each kept token's entry (the result's rows are its tokens)
+            step_updates[j].new_logprobs = [
+                entry
+                for k, tok in enumerate(blocks[j])
+                for entry in self._logprobs(reqs[j], result, block_starts[j] + k, tok) or []
+            ]
+        stopped = stop[end_at].tolist()
+        for j, by_stop in zip(ended.tolist(), stopped, strict=True):
+            req, update = reqs[j], step_updates[j]
+            reason = "stop" if by_stop else "length"
+            update.finished, update.finish_reason = True, reason
+            stats = self._scheduler_request_stats(req.request_id)
+            events.append(sched.Finish(req.request_id, reason))
+            self._finalise(req, reason, stats)
+            update.stats = req.stats
+        return events
+
+    def _stop_hits(self, slots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Whether each token is one of its request's stop ids (``slots``: the requests' pool
+        slots, one per token): one numpy compare against the stop table, Python only for a
+        request whose stop set is too wide for it."""
+        width = self._stop_tab.shape[1]
+        if width == 1:  # the common case: one EOS id
+            stop = self._stop_tab[slots, 0] == tokens
+        elif width:
+            stop = (self._stop_tab[slots] == tokens[:, None]).any(axis=1)
+        else:
+            stop = np.zeros(len(slots), dtype=bool)
+        wide = self._wide_stop[slots]
+        if wide.any():
+            for j in np.flatnonzero(wide).tolist():
+                stop[j] = int(tokens[j]) in self._slot_req[slots[j]].stop_ids
+        return stop
 
     def _logprobs(
         self, req: Request, result: StepOutput, j: int, tok: int
@@ -521,9 +564,12 @@ class EventLoop:
     def _finalise(self, req: Request, reason: str, scheduler_stats: Any) -> None:
         req.finish_reason = reason
         req.finished_at = time.perf_counter()
-        stats = req.compute_stats(scheduler_stats)
         slot = req.slot
-        if slot is not None and slot < len(self._slot_req) and self._slot_req[slot] is req:
+        bound = slot is not None and slot < len(self._slot_req) and self._slot_req[slot] is req
+        if bound:
+            self._flush_spec(req, slot)  # before the stats, which read the counts
+        stats = req.compute_stats(scheduler_stats)
+        if bound:
             self._slot_req[slot] = self._slot_rid[slot] = self._slot_out[slot] = None
             self._slot_live[slot] = False
             if req.grammar is not None:

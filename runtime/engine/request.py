@@ -122,22 +122,31 @@ class StepUpdates:
 
     ``rids`` and ``tokens`` are the requests that gained exactly one token and have nothing
     else to report (all of a decode step but first tokens, logprobs and finishes), kept as two
-    columns so the per-step path builds no object per decoding request; ``updates`` holds
-    every other request's ``RequestUpdate``. Iterating yields ``RequestUpdate``s for all of
-    them (the offline API and tests read it that way).
+    columns so the per-step path builds no object per decoding request; ``block_rids`` and
+    ``blocks`` are the same for a speculative step's verified blocks (one token list each);
+    ``updates`` holds every other request's ``RequestUpdate``. Iterating yields
+    ``RequestUpdate``s for all of them (the offline API and tests read it that way).
     """
 
     rids: list[str] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     updates: list[RequestUpdate] = field(default_factory=list)
+    block_rids: list[str] = field(default_factory=list)
+    blocks: list[list[int]] = field(default_factory=list)
 
     def __iter__(self) -> Iterator[RequestUpdate]:
         yield from self.updates
         for rid, token in zip(self.rids, self.tokens, strict=True):
             yield RequestUpdate(rid, [token])
+        for rid, block in zip(self.block_rids, self.blocks, strict=True):
+            yield RequestUpdate(rid, block)
 
     def __len__(self) -> int:
-        return len(self.rids) + len(self.updates)
+        return len(self.rids) + len(self.block_rids) + len(self.updates)
 
     def __bool__(self) -> bool:
-        return bool(self.rids) or bool(self.updates)
+        return bool(self.rids) or bool(self.block_rids) or bool(self.updates)
+
+    def column_tokens(self) -> int:
+        """How many tokens the columns carry (none of them a request's first)."""
+        return len(self.tokens) + sum(map(len, self.blocks))

@@ -204,6 +204,10 @@ class EngineClient:
                     queue = self.queues.get(rid)
                     if queue is not None:
                         queue.put_nowait({"rid": rid, "ids": [token], "received": received})
+                for rid, block in zip(msg["block_rids"], msg["blocks"], strict=True):
+                    queue = self.queues.get(rid)  # a verified block (speculative decoding)
+                    if queue is not None:
+                        queue.put_nowait({"rid": rid, "ids": block, "received": received})
                 for item in msg["items"]:
                     queue = self.queues.get(item["rid"])
                     if queue is not None:

@@ -95,11 +95,13 @@ class EngineCore:
         ``rids`` and ``tokens``: the step's columns (requests that gained exactly one token and
         nothing else, all of a decode step but first tokens, logprobs and finishes): a dict
         per request cost the engine process six times as much to build and pack at 1024
-        decoding requests (docs/performance.md). ``items``: a dict per other update.
+        decoding requests (docs/performance.md). ``block_rids`` and ``blocks``: the same for
+        a speculative step's verified blocks (a token list each). ``items``: a dict per
+        other update.
         """
-        self.live.observe(len(step.rids), step.updates, self.loop.requests)
-        return {"rids": step.rids, "tokens": step.tokens,
-                "items": [self._item(u) for u in step.updates]}  # fmt: skip
+        self.live.observe(step.column_tokens(), step.updates, self.loop.requests)
+        return {"rids": step.rids, "tokens": step.tokens, "block_rids": step.block_rids,
+                "blocks": step.blocks, "items": [self._item(u) for u in step.updates]}  # fmt: skip
 
     def _item(self, u: RequestUpdate) -> dict[str, Any]:
         if u.error is not None:  # the client gets a 400 with the message
@@ -200,7 +202,7 @@ class LiveCounters:
     def observe(
         self, plain_tokens: int, updates: list[RequestUpdate], requests: dict[str, Any]
     ) -> None:
-        """Add one step's new tokens: ``plain_tokens`` one-token updates that are never a
+        """Add one step's new tokens: ``plain_tokens`` from the step's columns, never a
         request's first (a first token carries ``cached_tokens``), and the other ``updates``,
         where a request's prompt counts when its first token arrives."""
         self.generation_tokens += plain_tokens

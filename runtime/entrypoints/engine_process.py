@@ -100,7 +100,7 @@ class EngineServer:
                 break
             if self.core.has_work():
                 out = self.core.step()
-                if out["rids"] or out["items"]:
+                if out["rids"] or out["block_rids"] or out["items"]:
                     self.send({"type": ipc.OUTPUTS, **out})
             elif os.getppid() != self.parent:
                 logger.error("the server process is gone; engine exiting")

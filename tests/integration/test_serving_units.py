@@ -180,15 +180,15 @@ def test_engine_params_build_runtime_sampling_params() -> None:
 
 
 def test_ipc_messages_round_trip() -> None:
-    msg = {"type": ipc.OUTPUTS, "rids": ["b"], "tokens": [4],
-           "items": [{"rid": "a", "ids": [1, 2], "top": [[[3, -0.5]]]}]}  # fmt: skip
+    msg = {"type": ipc.OUTPUTS, "rids": ["b"], "tokens": [4], "block_rids": ["c"],
+           "blocks": [[5, 6]], "items": [{"rid": "a", "ids": [1, 2], "top": [[[3, -0.5]]]}]}  # fmt: skip
     assert ipc.unpack(ipc.pack(msg)) == msg
 
 
 def test_step_outputs_carry_the_columns_and_an_item_per_other_update() -> None:
-    """Decoding requests' single tokens travel as two columns; anything else a request has
-    to report (its first token's cache hit, several tokens, logprobs, the end, an error)
-    travels as its own item."""
+    """Decoding requests' single tokens travel as two columns, verified blocks as two more;
+    anything else a request has to report (its first token's cache hit, logprobs, the end,
+    an error) travels as its own item."""
     from types import SimpleNamespace
 
     from tokenspeed.runtime.engine.request import RequestStats, RequestUpdate, StepUpdates
@@ -205,8 +205,9 @@ def test_step_outputs_carry_the_columns_and_an_item_per_other_update() -> None:
         RequestUpdate("lp", [10], new_logprobs=[{10: -0.25, 11: -2.0}]),
         RequestUpdate("done", [12], finished=True, finish_reason="length", stats=stats),
         RequestUpdate("bad", [], finished=True, finish_reason="abort", error="no grammar"),
-    ]))  # fmt: skip
+    ], block_rids=["c"], blocks=[[13, 14, 15]]))  # fmt: skip
     assert (out["rids"], out["tokens"]) == (["a", "b"], [5, 7])
+    assert (out["block_rids"], out["blocks"]) == (["c"], [[13, 14, 15]])
     items = {item["rid"]: item for item in out["items"]}
     assert list(items) == ["first", "spec", "lp", "done", "bad"]
     assert items["first"] == {"rid": "first", "ids": [6], "cached_tokens": 16}
@@ -214,8 +215,8 @@ def test_step_outputs_carry_the_columns_and_an_item_per_other_update() -> None:
     assert items["lp"]["logprobs"] == [-0.25] and items["lp"]["top"] == [[(10, -0.25)]]
     assert items["done"]["finish"] == "length" and items["done"]["stats"]["output_tokens"] == 2
     assert items["bad"] == {"rid": "bad", "error": "no grammar"}
-    assert core.live.generation_tokens == 7  # a, b; first, spec (two), lp, done
-    assert ipc.unpack(ipc.pack({"type": ipc.OUTPUTS, **out}))["rids"] == ["a", "b"]
+    assert core.live.generation_tokens == 10  # a, b; c (three); first, spec (two), lp, done
+    assert ipc.unpack(ipc.pack({"type": ipc.OUTPUTS, **out}))["blocks"] == [[13, 14, 15]]
 
 
 def test_metrics_expose_engine_snapshot_and_server_observations() -> None:

@@ -127,6 +127,50 @@ def test_stops_and_limits_inside_a_drafted_block(checkpoints, prompts, reference
         assert all(o.outputs[0].finish_reason == "length" for o in outs)
 
 
+def test_verified_blocks_travel_as_columns_and_each_request_counts_its_drafts(
+    checkpoints, prompts, references
+):
+    """A verified step reports each request once: its first token and its end as
+    ``RequestUpdate``s, the blocks between as the ``block_rids``/``blocks`` columns; together
+    they are transformers' tokens. A request's ``acc_rate`` / ``acc_len`` count the drafts
+    verified for it and those its output kept (a block cut by its limit keeps fewer)."""
+    spec = make_llm(checkpoints["llama"], **NGRAM)
+    loop = spec.engine
+    limits = [NUM_NEW, 7, NUM_NEW, 11]
+    for i, (p, n) in enumerate(zip(prompts[:4], limits, strict=True)):
+        loop.add_request(f"r{i}", p, SamplingParams(temperature=0.0, max_tokens=n))
+    got: dict[str, list[int]] = {f"r{i}": [] for i in range(4)}
+    stats = {}
+    blocks = 0
+    while loop.has_work():
+        step = loop.step()
+        special = {u.request_id: u for u in step.updates}
+        assert not special.keys() & {*step.rids, *step.block_rids}  # once per step
+        for rid, block in zip(step.block_rids, step.blocks, strict=True):
+            assert got[rid] and block, "a first token travels as an update, with its cache hit"
+            got[rid].extend(block)
+            blocks += len(block) > 1
+        for rid, token in zip(step.rids, step.tokens, strict=True):
+            got[rid].append(token)
+        for rid, u in special.items():
+            assert (u.cached_tokens is not None) == (not got[rid])
+            got[rid].extend(u.new_token_ids)
+            assert u.finished == (len(got[rid]) == limits[int(rid[1])])
+            if u.finished:
+                stats[rid] = u.stats
+    ref = references["llama"][0]
+    assert [got[f"r{i}"] for i in range(4)] == [ref[i][:n] for i, n in enumerate(limits)]
+    assert blocks > 0  # drafts were accepted, and their blocks went out as columns
+    ex = loop.executor
+    accepted = 0
+    for s in stats.values():
+        assert 0.0 <= s.acc_rate <= 1.0
+        steps_after_first = (s.output_tokens - 1) / s.acc_len  # one per decode step
+        accepted += round(s.output_tokens - 1 - steps_after_first)
+    assert 0 < accepted <= ex.spec_accepted  # the executor also counts drafts cut off after
+    assert max(s.acc_len for s in stats.values()) > 1.0
+
+
 def test_grammar_rows_share_a_drafted_step():
     """A constrained request takes no drafts; its batch mates still do."""
     plain = make_llm(None, max_total_tokens=4096)
