@@ -425,13 +425,8 @@ class EventLoop:
             for j in lp:
                 step_updates[j].new_logprobs = self._logprobs(reqs[j], result, j, tok_list[j])
             for j in ended:
-                req, update = reqs[j], step_updates[j]
                 reason = "stop" if stop[j] else "length"
-                update.finished, update.finish_reason = True, reason
-                stats = self._scheduler_request_stats(req.request_id)
-                events.append(sched.Finish(req.request_id, reason))
-                self._finalise(req, reason, stats)
-                update.stats = req.stats
+                events.append(self._finish_in_step(reqs[j], step_updates[j], reason))
         return events
 
     def _process_verified(self, fwd: Any, result: StepOutput, out: StepUpdates) -> list[Any]:
@@ -507,14 +502,18 @@ class EventLoop:
             ]
         stopped = stop[end_at].tolist()
         for j, by_stop in zip(ended.tolist(), stopped, strict=True):
-            req, update = reqs[j], step_updates[j]
             reason = "stop" if by_stop else "length"
-            update.finished, update.finish_reason = True, reason
-            stats = self._scheduler_request_stats(req.request_id)
-            events.append(sched.Finish(req.request_id, reason))
-            self._finalise(req, reason, stats)
-            update.stats = req.stats
+            events.append(self._finish_in_step(reqs[j], step_updates[j], reason))
         return events
+
+    def _finish_in_step(self, req: Request, update: RequestUpdate, reason: str) -> Any:
+        """End a request whose step's tokens finished it: its update carries the reason and
+        its stats; returns the scheduler's ``Finish`` event for the step's batch."""
+        update.finished, update.finish_reason = True, reason
+        stats = self._scheduler_request_stats(req.request_id)
+        self._finalise(req, reason, stats)
+        update.stats = req.stats
+        return self._proto().Finish(req.request_id, reason)
 
     def _stop_hits(self, slots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Whether each token is one of its request's stop ids (``slots``: the requests' pool
