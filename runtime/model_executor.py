@@ -458,9 +458,10 @@ class ModelExecutor:
             sb = self.sampling.gather(row_slots, offsets)
             out = sample(logits, sb, self.sampling)
         sampled = out.tokens.cpu().numpy()
-        # The decode requests are the first ``num_decode`` sampled rows; each accepts its
-        # drafts up to the first one its sampled token before differs from, plus that token
-        # (a padded block has more positions than drafts).
+        # The decode requests are the first ``num_decode`` sampled rows. What a block samples
+        # at its position k is the model's own choice for draft k: a request keeps its drafts
+        # up to the first that differs, plus the model's token there (a padded block has more
+        # positions than drafts; they are never kept).
         accepted = np.ones(len(rows), dtype=np.int64)
         accepted[: v.num_decode] += v.draft_lens
         owner, within = segments(v.draft_lens)
@@ -549,8 +550,8 @@ class _Verify:
     """A step's drafted blocks: for each sampled request (``rows`` of the scheduler's op;
     the decode requests, op rows ``0 .. num_decode - 1``, first), its sampled positions
     (``counts``, in order in the logits) and pool slot; each decode request's draft count,
-    and all the drafts in one array (in request order). ``blocks``: the op's requests when the view has a
-    row per position (a decode), else the view's own."""
+    and all the drafts in one array (in request order). ``blocks``: the op's requests when
+    the view has a row per position (a decode), else the view's own."""
 
     rows: np.ndarray
     counts: np.ndarray
