@@ -499,12 +499,10 @@ class ModelExecutor:
                 np.asarray(op.block_tables),
             )
         valid = blocks.rows.copy()
-        empty = np.zeros(0, dtype=np.int64)
-        new_tokens = [empty] * len(valid)
         counts = result.counts if result.counts is not None else np.ones(len(result.rows), np.int64)
-        ends = np.cumsum(counts)
-        for row, end, n in zip(result.rows.tolist(), ends.tolist(), counts.tolist(), strict=True):
-            new_tokens[row] = result.tokens[end - n : end]
+        gained = np.zeros(len(valid), dtype=np.int64)
+        if len(result.tokens):  # (a step that computed no logits sampled nothing)
+            gained[result.rows] = counts  # the result's tokens are in row order
         if verify is not None:  # a verified block keeps the positions it accepted
             blocks_rows = result.rows < verify.num_decode
             valid[result.rows[blocks_rows]] = counts[blocks_rows]
@@ -513,7 +511,8 @@ class ModelExecutor:
             starts=blocks.starts,
             valid=valid,
             row_starts=np.cumsum(blocks.rows) - blocks.rows,
-            new_tokens=new_tokens,
+            gained=gained,
+            gained_tokens=np.asarray(result.tokens, dtype=np.int64),
             tables=blocks.tables,
             hidden=hidden,
             decode=ForwardMode.of(op.mode) is ForwardMode.DECODE,

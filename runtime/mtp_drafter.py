@@ -112,22 +112,18 @@ class MTPDrafter:
         if step.hidden is None or not len(step.slots):
             return
         slots, starts = step.slots, step.starts
-        valid = step.valid.copy()
-        # each kept position's next token is in the history (prompt, or what was gained)
-        nexts: list[np.ndarray] = []
-        for i, slot in enumerate(slots.tolist()):
-            hist = self.history.tokens(slot)
-            start, n = int(starts[i]), int(valid[i])
-            n = valid[i] = max(0, min(n, len(hist) - 1 - start))
-            nexts.append(hist[start + 1 : start + 1 + n])
-        gained = np.array([len(t) > 0 for t in step.new_tokens], dtype=bool) & (valid > 0)
+        # each kept position's next token is in the history (prompt, or what was gained): the
+        # positions whose next token is not known yet (a block's last) are left out
+        room = self.history.lengths(slots) - 1 - starts
+        valid = np.maximum(np.minimum(step.valid, room), 0)
+        gained = (step.gained > 0) & (valid > 0)
         live = np.flatnonzero(valid > 0)
         if not len(live):
             return
         slots, starts, valid, gained = slots[live], starts[live], valid[live], gained[live]
         owner, within = segments(valid)
         rows = step.row_starts[live][owner] + within
-        ids = np.concatenate([nexts[i] for i in live.tolist()])
+        ids = self.history.gather(slots[owner], starts[owner] + 1 + within)
         tables = self._narrow(step.tables[live], int((starts + valid).max()))
         if step.decode:  # a short block each: one decode row per position (absorbed MLA)
             positions = starts[owner] + within

@@ -6,8 +6,8 @@ of a request's last few tokens in its own history (prompt and output) and propos
 that followed it; the target model then checks them all in one forward. No second model, no
 extra weights.
 
-Each pool slot keeps its request's tokens in a growing numpy buffer, so drafting is a few
-vectorised comparisons over the recent history, not a Python walk over tokens.
+Each pool slot keeps its request's tokens in a row of the drafter's history array, so drafting
+is a few vectorised comparisons over the recent history, not a Python walk over tokens.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ class NgramDrafter(TokenHistory):
 
         One pass over the window finds where the last two tokens occurred before (a token
         follows each); the longer matches are then checked at those few places only."""
-        buf, n = self._tokens[slot], int(self._lens[slot])
+        history = self.tokens(slot)
+        n = len(history)
         shortest, longest = MATCH_LENGTHS[-1], MATCH_LENGTHS[0]
-        if buf is None or count <= 0 or n <= shortest:
+        if count <= 0 or n <= shortest:
             return np.zeros(0, dtype=np.int64)
-        hist = buf[max(0, n - SEARCH_WINDOW) : n]
+        hist = history[max(0, n - SEARCH_WINDOW) :]
         size = len(hist)
         # ends e (exclusive) with hist[e - 2 : e] == the last two tokens and e < size
         ends = np.flatnonzero((hist[: size - 2] == hist[-2]) & (hist[1 : size - 1] == hist[-1]))
@@ -55,7 +56,7 @@ class NgramDrafter(TokenHistory):
         if length[best] < shortest:
             return np.zeros(0, dtype=np.int64)
         follow = int(ends[best])
-        return hist[follow : follow + count].copy()
+        return hist[follow : follow + count].astype(np.int64)
 
     def propose(
         self, slots: np.ndarray, positions: np.ndarray, tables: np.ndarray, count: int

@@ -18,6 +18,7 @@ from runtime_helpers import KINDS, NUM_NEW, assert_logprobs_match
 
 from tokenspeed.runtime import LLM, SamplingParams
 from tokenspeed.runtime.config import ConfigError, build_server_args
+from tokenspeed.runtime.drafting import TokenHistory
 from tokenspeed.runtime.grammar.spec import GrammarSpec
 from tokenspeed.runtime.ngram_drafter import NgramDrafter
 
@@ -222,3 +223,36 @@ def test_drafter_matches_its_reference(tokens, count):
     d.install(0, tokens[: len(tokens) // 2])
     d.append(0, np.asarray(tokens[len(tokens) // 2 :], dtype=np.int64))
     assert d.propose_one(0, count).tolist() == _reference_proposal(tokens, count)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    prompts=st.lists(st.lists(st.integers(0, 2**31 - 1), max_size=90), min_size=1, max_size=5),
+    gains=st.lists(st.lists(st.integers(0, 4), min_size=5, max_size=5), max_size=30),
+    never=st.integers(0, 5),
+)
+def test_token_history_holds_what_each_slot_gained(prompts, gains, never):
+    """A step's appends (one scatter over all its requests) leave each slot's history equal to
+    its prompt and its own gains in order, across growth of rows and width; a slot never
+    installed keeps nothing, and reads of its length are 0."""
+    h = TokenHistory(2)
+    want: dict[int, list[int]] = {}
+    for slot, prompt in enumerate(prompts):
+        if slot != never:
+            h.install(slot, prompt)
+            want[slot] = list(prompt)
+    slots = np.arange(5)
+    for step, counts in enumerate(gains):
+        counts = np.asarray(counts)
+        tokens = np.arange(int(counts.sum())) + 1000 * step
+        h.append_many(slots, counts, tokens)
+        ends = np.cumsum(counts)
+        for slot in want:
+            want[slot] += tokens[ends[slot] - counts[slot] : ends[slot]].tolist()
+    for slot in range(5):
+        assert h.tokens(slot).tolist() == want.get(slot, [])
+        assert h.lengths(np.array([slot]))[0] == len(want.get(slot, []))
+    for slot, tokens in want.items():
+        if tokens:
+            positions = np.arange(len(tokens))
+            assert h.gather(np.full(len(tokens), slot), positions).tolist() == tokens
