@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tokenspeed.runtime.engine.request import Request, RequestUpdate, StepUpdates
-from tokenspeed.runtime.forward_batch import ForwardMode
+from tokenspeed.runtime.forward_batch import ForwardMode, segments
 from tokenspeed.runtime.grammar.backend import GrammarBackend
 from tokenspeed.runtime.model_executor import ExecutorConfig, ModelExecutor, StepOutput
 from tokenspeed.runtime.sampling import SamplingParams
@@ -447,8 +447,7 @@ class EventLoop:
         # Each token's request (j, an index into rows), its place in the block, and the
         # output length it would make.
         starts = np.cumsum(counts) - counts
-        owner = np.repeat(np.arange(len(rows)), counts)
-        within = np.arange(len(tokens), dtype=np.int64) - starts[owner]
+        owner, within = segments(counts)
         token_slots = slots[owner]
         prev = self._out_len[slots]
         out_len = prev[owner] + within + 1
