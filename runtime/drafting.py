@@ -40,6 +40,20 @@ class StepRecord:
     decode: bool  # the step was a decode (every request's inputs are a short block)
 
 
+@dataclass
+class Drafts:
+    """Each request's drafts laid end to end: request ``i`` has the ``lens[i]`` tokens after
+    the first ``lens[:i].sum()``. One array, not one per request, so that a step's verify
+    blocks are laid out without a Python pass over its requests."""
+
+    lens: np.ndarray  # [R] int64, 0 for a request without drafts
+    tokens: np.ndarray  # [sum(lens)] int64
+
+    def per_request(self) -> list[np.ndarray]:
+        """One array per request (for tests and logs; the step path keeps them flat)."""
+        return np.split(self.tokens, np.cumsum(self.lens)[:-1]) if len(self.lens) else []
+
+
 class Drafter(Protocol):
     """Proposes drafts per request and learns from every executed step."""
 
@@ -48,7 +62,7 @@ class Drafter(Protocol):
 
     def propose(
         self, slots: np.ndarray, positions: np.ndarray, tables: np.ndarray, count: int
-    ) -> list[np.ndarray]:
+    ) -> Drafts:
         """Up to ``count`` drafts for each decode request (last token at ``positions``; pages
         ``tables``, which hold positions up to ``positions + count``)."""
         ...

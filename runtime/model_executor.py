@@ -383,8 +383,8 @@ class ModelExecutor:
         pool = np.asarray(op.request_pool_indices, dtype=np.int64)
         prefix = np.asarray(op.prefix_lens, dtype=np.int64)
         tables = np.asarray(op.block_tables)
-        empty = np.zeros(0, dtype=np.int64)
-        drafts = [empty] * num_decode
+        lens = np.zeros(num_decode, dtype=np.int64)
+        flat_drafts = np.zeros(0, dtype=np.int64)
         can = np.flatnonzero(self.sampling.speculable(pool[:num_decode]))
         if len(can):
             # the pages this step reserved cover every draft's position
@@ -392,9 +392,9 @@ class ModelExecutor:
             proposed = self.drafter.propose(
                 pool[can], prefix[can], tables[can, :width], self.spec_tokens - 1
             )
-            for i, d in zip(can.tolist(), proposed, strict=True):
-                drafts[i] = d
-        lens = np.fromiter(map(len, drafts), dtype=np.int64, count=num_decode)
+            # ``can`` ascends, so the drafts stay in request order
+            lens[can] = proposed.lens
+            flat_drafts = proposed.tokens
         extend = np.asarray(op.extend_lens, dtype=np.int64).copy()
         ids = np.asarray(op.input_ids, dtype=np.int64)
         mask = np.asarray(op.sample_mask, dtype=bool)
@@ -405,7 +405,6 @@ class ModelExecutor:
             return view, None
         self.spec_drafted += int(lens.sum())
         self.spec_blocks += int(np.count_nonzero(lens))
-        flat_drafts = np.concatenate(drafts)
         # each decode request's block: its last token, then its drafts
         per = 1 + lens
         owner, within = segments(per)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from tokenspeed.runtime.drafting import StepRecord, TokenHistory
+from tokenspeed.runtime.drafting import Drafts, StepRecord, TokenHistory
 from tokenspeed.runtime.forward_batch import (
     ForwardBatch,
     ForwardMode,
@@ -148,15 +148,14 @@ class MTPDrafter:
     # ---- before a decode step ---------------------------------------------------------------
     def propose(
         self, slots: np.ndarray, positions: np.ndarray, tables: np.ndarray, count: int
-    ) -> list[np.ndarray]:
+    ) -> Drafts:
         """``count`` drafts for each slot with a current first draft (none for the others):
         the first, then ``count - 1`` one-row decodes of the layer at ``positions``,
         ``positions + 1``, ... (each request's last token sits at ``positions``)."""
-        empty = np.zeros(0, dtype=np.int64)
-        out = [empty] * len(slots)
         ok = np.flatnonzero(self.ready[slots]) if count > 0 else np.zeros(0, np.int64)
+        lens = np.zeros(len(slots), dtype=np.int64)
         if not len(ok):
-            return out
+            return Drafts(lens, np.zeros(0, dtype=np.int64))
         sel, pos = slots[ok], positions[ok].astype(np.int64)
         tables = self._narrow(tables[ok], int(pos.max()) + count)
         sel_t = torch.from_numpy(sel).to(self.device, non_blocking=self._pin)
@@ -172,9 +171,8 @@ class MTPDrafter:
                 drafts.append(self.layer.compute_logits(hidden).argmax(-1))
             # the one host sync of drafting: the verify step's inputs are built on the host
             host = torch.stack(drafts, dim=1).cpu().numpy()
-        for k, i in enumerate(ok.tolist()):
-            out[i] = host[k]
-        return out
+        lens[ok] = count
+        return Drafts(lens, host.reshape(-1).astype(np.int64))
 
     # ---- helpers -------------------------------------------------------------------------------
     def _narrow(self, tables: np.ndarray, max_len: int) -> np.ndarray:

@@ -91,7 +91,7 @@ def test_tiny_v3_mtp_speculative_on_cuda(tiny_v3, tmp_path):
 
     def propose(slots, positions, tables, count):
         got = real(slots, positions, tables, count)
-        for slot, drafts in zip(slots.tolist(), got, strict=True):
+        for slot, drafts in zip(slots.tolist(), got.per_request(), strict=True):
             if len(drafts):
                 hist = drafter.history.tokens(slot).tolist()
                 seen.append((hist, drafts.tolist(), drafter.carry[slot].float().cpu()))

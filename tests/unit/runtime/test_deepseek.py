@@ -28,6 +28,7 @@ from runtime_helpers import (
 from safetensors.torch import save_file
 
 from tokenspeed.runtime import LLM, SamplingParams
+from tokenspeed.runtime.drafting import Drafts
 from tokenspeed.runtime.kv_pool import (
     HostKVPool,
     MLAKVPool,
@@ -528,7 +529,9 @@ def test_mtp_drafts_equal_a_from_scratch_reference(ds_mtp, ds_prompts, ds_refere
             finally:
                 del drafter.layer.predict
             fed, ready = [], 0
-            for slot, pos, drafts in zip(slots.tolist(), positions.tolist(), got, strict=True):
+            per_request = got.per_request()
+            for slot, pos, drafts in zip(slots.tolist(), positions.tolist(), per_request,
+                                         strict=True):  # fmt: skip
                 hist = drafter.history.tokens(slot).tolist()
                 assert len(hist) == pos + 1
                 if len(drafts):
@@ -540,7 +543,9 @@ def test_mtp_drafts_equal_a_from_scratch_reference(ds_mtp, ds_prompts, ds_refere
                 done = len(hist) - len(ds_prompts[i])
                 right = ref_tokens[i][done : done + 2]
                 fed.append(np.array([*right, (right[-1] + 1) % 320] if right else [], np.int64))
-            return fed if feed else got
+            if not feed:
+                return got
+            return Drafts(np.fromiter(map(len, fed), np.int64, len(fed)), np.concatenate(fed))
 
         drafter.propose = propose
 
@@ -616,7 +621,7 @@ def test_mtp_graph_path_drafts_as_the_eager_layer(ds_mtp, ds_prompts, ds_referen
 
         def propose(*args, real=real, seen=drafts[run]):
             got = real(*args)
-            seen.append([d.tolist() for d in got])
+            seen.append([d.tolist() for d in got.per_request()])
             return got
 
         drafter.propose = propose

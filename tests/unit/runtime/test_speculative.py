@@ -18,9 +18,9 @@ from runtime_helpers import KINDS, NUM_NEW, assert_logprobs_match
 
 from tokenspeed.runtime import LLM, SamplingParams
 from tokenspeed.runtime.config import ConfigError, build_server_args
-from tokenspeed.runtime.drafting import TokenHistory
+from tokenspeed.runtime.drafting import Drafts, TokenHistory
 from tokenspeed.runtime.grammar.spec import GrammarSpec
-from tokenspeed.runtime.ngram_drafter import NgramDrafter
+from tokenspeed.runtime.ngram_drafter import BUCKETS, NgramDrafter, ngram_buckets
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, logprobs=0)
 NGRAM = dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)
@@ -204,8 +204,8 @@ def test_speculative_options():
 
 
 def _reference_proposal(tokens: list[int], count: int) -> list[int]:
-    """The drafter's rule, spelled out: for match lengths 4, 3, 2 (longest first), the latest
-    earlier occurrence of the last m tokens that some token follows."""
+    """The drafter's rule without an index: for match lengths 4, 3, 2 (longest first), the
+    latest earlier occurrence of the last m tokens that some token follows."""
     for m in (4, 3, 2):
         if len(tokens) <= m:
             continue
@@ -216,13 +216,92 @@ def _reference_proposal(tokens: list[int], count: int) -> list[int]:
     return []
 
 
-@settings(max_examples=300, deadline=None)
-@given(tokens=st.lists(st.integers(0, 3), max_size=40), count=st.integers(1, 5))
-def test_drafter_matches_its_reference(tokens, count):
-    d = NgramDrafter(1)
-    d.install(0, tokens[: len(tokens) // 2])
-    d.append(0, np.asarray(tokens[len(tokens) // 2 :], dtype=np.int64))
-    assert d.propose_one(0, count).tolist() == _reference_proposal(tokens, count)
+def _index_reference(tokens: list[int], count: int, buckets: int) -> list[int]:
+    """The same rule through a one-n-gram-per-bucket index, spelled out with a dict: each
+    bucket remembers where the latest n-gram to land in it ended, and a lookup whose bucket
+    holds another n-gram falls back to the next shorter match."""
+    for m in (4, 3, 2):
+        if len(tokens) <= m:
+            continue
+        latest = {}
+        for end in range(m, len(tokens)):  # tokens[end - m : end], followed by tokens[end]
+            latest[int(ngram_buckets(np.array(tokens[end - m : end]), buckets))] = end
+        end = latest.get(int(ngram_buckets(np.array(tokens[-m:]), buckets)))
+        if end is not None and tokens[end - m : end] == tokens[-m:]:
+            return tokens[end : end + count]
+    return []
+
+
+def _collides(tokens: list[int], buckets: int) -> bool:
+    """Whether two different n-grams of one match length share a bucket."""
+    for m in (4, 3, 2):
+        grams = {tuple(tokens[i : i + m]) for i in range(len(tokens) - m + 1)}
+        if len({int(ngram_buckets(np.array(g), buckets)) for g in grams}) < len(grams):
+            return True
+    return False
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    prompts=st.lists(st.lists(st.integers(0, 3), max_size=30), min_size=1, max_size=4),
+    gains=st.lists(st.lists(st.integers(0, 3), min_size=4, max_size=4), max_size=8),
+    count=st.integers(1, 5),
+    small=st.booleans(),
+)
+def test_drafter_matches_its_reference(prompts, gains, count, small):
+    """Proposals for every slot after its install and after each step's appends (one
+    vectorised index update and lookup over all slots) equal the index's rule; with tables
+    too small to avoid collisions too (16 buckets), and with the default tables, where a
+    history without collisions gets exactly the latest match of the longest suffix."""
+    buckets = 16 if small else BUCKETS
+    d = NgramDrafter(2, buckets=buckets)
+    rng = np.random.default_rng(len(prompts) + 7 * len(gains))
+    want = {}
+    for slot, prompt in enumerate(prompts):
+        d.install(slot, prompt)
+        want[slot] = list(prompt)
+    slots = np.arange(len(prompts))
+    for step in [[0] * 4, *gains]:
+        counts = np.array(step[: len(prompts)], dtype=np.int64)
+        tokens = rng.integers(0, 4, size=int(counts.sum()))
+        d.append_many(slots, counts, tokens)
+        at = 0
+        for slot, n in enumerate(counts.tolist()):
+            want[slot] += tokens[at : at + n].tolist()
+            at += n
+        got = d.propose(slots, slots, slots[:, None], count)
+        assert got.lens.tolist() == [len(p) for p in got.per_request()]
+        for slot, drafts in enumerate(got.per_request()):
+            hist = want[slot]
+            assert drafts.tolist() == _index_reference(hist, count, buckets)
+            if not _collides(hist, buckets):
+                assert drafts.tolist() == _reference_proposal(hist, count)
+
+
+def test_drafter_index_follows_reinstalls_and_long_histories():
+    """A slot's index is its current request's: a reinstalled slot forgets the old history,
+    and a slot never installed has no drafts. On a long history the lookup still finds the latest repeat (the index is sized for it)."""
+    d = NgramDrafter(3)
+    d.install(2, [1, 2, 3, 4, 5, 1, 2, 3])
+    assert d.propose_one(2, 2).tolist() == [4, 5]
+    d.install(2, [9, 8, 7, 9, 8])
+    assert d.propose_one(2, 2).tolist() == [7, 9]  # nothing of 1 2 3 is left
+    never = d.propose(np.array([1, 2, 9]), np.zeros(3), np.zeros((3, 1)), 2)  # 1, 9: no history
+    assert never.lens.tolist() == [0, 2, 0] and never.tokens.tolist() == [7, 9]
+    rng = np.random.default_rng(0)
+    long = rng.integers(1, 32000, size=20000)
+    long[15000:15040] = long[300:340]  # the model quotes tokens 300.. again
+    d.install(0, long[:15010].tolist())
+    assert d.propose_one(0, 3).tolist() == long[310:313].tolist()
+    d.append(0, long[15010:15020])
+    assert d.propose_one(0, 3).tolist() == long[320:323].tolist()
+
+
+def test_mtp_and_ngram_drafts_share_one_layout():
+    """``Drafts`` lays each request's tokens end to end; ``per_request`` splits them back."""
+    drafts = Drafts(np.array([2, 0, 1]), np.array([5, 6, 7]))
+    assert [x.tolist() for x in drafts.per_request()] == [[5, 6], [], [7]]
+    assert Drafts(np.zeros(0, np.int64), np.zeros(0, np.int64)).per_request() == []
 
 
 @settings(max_examples=100, deadline=None)
