@@ -85,7 +85,13 @@ class NgramDrafter(TokenHistory):
             heads[:, : self._heads.shape[1]] = self._heads
             self._heads = heads
         self._heads[:, slot] = 0
-        self._index(np.array([slot]), np.zeros(1, np.int64), np.array([len(tokens)]))
+        n = len(tokens)
+        if n > _SHORTEST:  # the history's n-grams as slices of its row: no gathers
+            row = np.concatenate([np.zeros(_LONGEST, np.int32), self._buf[slot, :n]])
+            last = [
+                row[_LONGEST + _SHORTEST - 1 - j : _LONGEST + n - 1 - j] for j in range(_LONGEST)
+            ]
+            self._add(np.int64(slot), np.arange(_SHORTEST, n), last)
 
     def append_many(self, slots: np.ndarray, counts: np.ndarray, tokens: np.ndarray) -> None:
         """Tokens a step's requests gained, and the n-grams they complete into the index."""
@@ -117,8 +123,13 @@ class NgramDrafter(TokenHistory):
         if not len(owner):
             return
         rows, ends = slots[owner], lo[owner] + within
-        buckets = _suffix_buckets(self._last_tokens(rows, ends), self.buckets)
-        cells = np.concatenate(self._cells(rows, buckets))
+        self._add(rows, ends, self._last_tokens(rows, ends))
+
+    def _add(self, rows: np.ndarray, ends: np.ndarray, last: list[np.ndarray]) -> None:
+        """Index the n-grams ending (exclusively) at ``ends`` of slots ``rows`` (one slot or
+        one per end), given their last tokens (``_last_tokens``' layout)."""
+        buckets = _suffix_buckets(last, self.buckets)
+        cells = np.concatenate(np.broadcast_arrays(*self._cells(rows, buckets)))
         # an n-gram longer than the history before ``e`` adds 0, which changes nothing
         after = np.concatenate([np.where(ends >= m, ends + 1, 0) for m in MATCH_LENGTHS])
         # maximum, not assignment: two n-grams of one step may share a bucket (and ufunc.at
